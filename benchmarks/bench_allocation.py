@@ -1,0 +1,322 @@
+"""Throughput of the allocation path, kvcore against vLLM 0.14 in the same process.
+
+The op sequence comes from real prompts (the Mooncake conversation trace,
+block size 16): a small continuous-batching loop admits requests (cache
+lookup, then one allocation for the uncached prompt), grows every running
+request by one decode token per step, preempts the newest request when the
+pool is full and frees requests when they finish. The sequence is recorded
+once, then replayed through each implementation; every result (hit length,
+block ids, refusals) is compared, so the timing also proves both behave the
+same.
+
+Run::
+
+    python benchmarks/bench_allocation.py            # kvcore alone
+    VENV/bin/python benchmarks/bench_allocation.py   # with vLLM installed: + ratio
+
+Ops counted: request creation, lookup, admission, decode allocation, free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+from _common import CONVERSATION_TRACE, best_of, import_vllm
+
+import kvcore
+from kvcore._trace import read_mooncake_trace
+from kvcore_plugins.full_attention import FullAttentionSpec
+
+NEW, LOOKUP, ADMIT, DECODE, FREE, PREEMPT = range(6)
+OUTPUT_TOKEN_BASE = 1 << 40
+
+
+def record_ops(
+    prompts: list[tuple[int, ...]],
+    output_lengths: list[int],
+    num_blocks: int,
+    block_size: int,
+    max_running: int,
+) -> list[tuple[int, ...]]:
+    """Drive kvcore with a tiny FCFS scheduler and record what it did."""
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype="float16")
+    config = kvcore.KVCacheConfig.from_specs(num_blocks, [spec])
+    manager = kvcore.KVCacheManager(config, 1 << 20, hash_algorithm="fast")
+    ops: list[tuple[int, ...]] = []
+    requests: dict[int, kvcore.Request] = {}
+    waiting = list(range(len(prompts)))
+    running: list[int] = []
+    produced = [0] * len(prompts)
+    while waiting or running:
+        while waiting and len(running) < max_running:
+            index = waiting[0]
+            if index not in requests:
+                requests[index] = kvcore.Request(str(index), prompts[index])
+                ops.append((NEW, index))
+            request = requests[index]
+            ops.append((LOOKUP, index))
+            hit, num_hit = manager.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit
+            ops.append((ADMIT, index, num_new))
+            if manager.allocate_slots(request, num_new, num_hit, hit) is None:
+                break
+            request.num_computed_tokens = request.num_tokens
+            waiting.pop(0)
+            running.append(index)
+        for index in list(running):
+            if index not in running:
+                continue
+            request = requests[index]
+            if produced[index] >= output_lengths[index]:
+                ops.append((FREE, index))
+                manager.free(request)
+                running.remove(index)
+                continue
+            token = OUTPUT_TOKEN_BASE + index * 100_000 + produced[index]
+            while True:
+                ops.append((DECODE, index, token))
+                request.append_output_token_ids(token)
+                if manager.allocate_slots(request, 1) is not None:
+                    request.num_computed_tokens += 1
+                    produced[index] += 1
+                    break
+                request._all_token_ids.pop()  # undo for the retry (engine would not append yet)
+                victim = running.pop()
+                ops.append((PREEMPT, victim))
+                manager.free(requests[victim])
+                requests[victim].num_computed_tokens = 0
+                waiting.insert(0, victim)
+                if victim == index:
+                    break
+    return ops
+
+
+def replay_kvcore(
+    ops: list[tuple[int, ...]],
+    prompts: list[tuple[int, ...]],
+    num_blocks: int,
+    block_size: int,
+    hash_algorithm: str,
+) -> list[Any]:
+    """Run the recorded ops through kvcore; return every observable result."""
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype="float16")
+    config = kvcore.KVCacheConfig.from_specs(num_blocks, [spec])
+    manager = kvcore.KVCacheManager(config, 1 << 20, hash_algorithm=hash_algorithm)
+    get_computed_blocks = manager.get_computed_blocks
+    allocate_slots = manager.allocate_slots
+    free = manager.free
+    Request = kvcore.Request
+    requests: dict[int, Any] = {}
+    hits: dict[int, Any] = {}
+    out: list[Any] = []
+    record = out.append
+    for op in ops:
+        kind = op[0]
+        if kind == DECODE:
+            request = requests[op[1]]
+            request.append_output_token_ids(op[2])
+            blocks = allocate_slots(request, 1)
+            if blocks is None:
+                request._all_token_ids.pop()
+                record(None)
+            else:
+                request.num_computed_tokens += 1
+                record(list(blocks.blocks[0]))
+        elif kind == NEW:
+            requests[op[1]] = Request(str(op[1]), prompts[op[1]])
+        elif kind == LOOKUP:
+            hit = get_computed_blocks(requests[op[1]])
+            hits[op[1]] = hit
+            record(hit[1])
+        elif kind == ADMIT:
+            request = requests[op[1]]
+            hit_blocks, num_hit = hits.pop(op[1])
+            blocks = allocate_slots(request, op[2], num_hit, hit_blocks)
+            if blocks is None:
+                record(None)
+            else:
+                request.num_computed_tokens = request.num_tokens
+                record(list(blocks.blocks[0]))
+        else:  # FREE or PREEMPT
+            request = requests[op[1]]
+            free(request)
+            if kind == PREEMPT:
+                request.num_computed_tokens = 0
+    return out
+
+
+def replay_vllm(
+    vllm: Any,
+    ops: list[tuple[int, ...]],
+    prompts: list[tuple[int, ...]],
+    num_blocks: int,
+    block_size: int,
+) -> list[Any]:
+    """Run the recorded ops through vLLM's KVCacheManager; same results format."""
+    iface = vllm.kv_cache_interface
+    spec = iface.FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=_torch_dtype("float16")
+    )
+    config = iface.KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], spec)],
+    )
+    vllm.kv_cache_utils.init_none_hash(vllm.sha256)
+    hasher = vllm.kv_cache_utils.get_request_block_hasher(block_size, vllm.sha256)
+    manager = vllm.kv_cache_manager.KVCacheManager(config, 1 << 20, hash_block_size=block_size)
+    params = vllm.SamplingParams(max_tokens=1 << 20)
+    Request = vllm.request.Request
+    get_computed_blocks = manager.get_computed_blocks
+    allocate_slots = manager.allocate_slots
+    free = manager.free
+    requests: dict[int, Any] = {}
+    hits: dict[int, Any] = {}
+    out: list[Any] = []
+    record = out.append
+    for op in ops:
+        kind = op[0]
+        if kind == DECODE:
+            request = requests[op[1]]
+            request.append_output_token_ids(op[2])
+            blocks = allocate_slots(request, 1)
+            if blocks is None:
+                request._output_token_ids.pop()
+                request._all_token_ids.pop()
+                record(None)
+            else:
+                request.num_computed_tokens += 1
+                record([b.block_id for b in blocks.blocks[0]])
+        elif kind == NEW:
+            requests[op[1]] = Request(
+                str(op[1]), list(prompts[op[1]]), params, None, None, block_hasher=hasher
+            )
+        elif kind == LOOKUP:
+            hit = get_computed_blocks(requests[op[1]])
+            hits[op[1]] = hit
+            record(hit[1])
+        elif kind == ADMIT:
+            request = requests[op[1]]
+            hit_blocks, num_hit = hits.pop(op[1])
+            blocks = allocate_slots(request, op[2], num_hit, hit_blocks)
+            if blocks is None:
+                record(None)
+            else:
+                request.num_computed_tokens = request.num_tokens
+                record([b.block_id for b in blocks.blocks[0]])
+        else:
+            request = requests[op[1]]
+            free(request)
+            if kind == PREEMPT:
+                request.num_computed_tokens = 0
+    return out
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+def measure_pool_build(make: Callable[[], Any]) -> tuple[float, float]:
+    """Seconds to build a pool and traced bytes it holds."""
+    gc.collect()
+    start = time.perf_counter()
+    pool = make()
+    seconds = time.perf_counter() - start
+    del pool
+    gc.collect()
+    tracemalloc.start()
+    pool = make()
+    size, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    del pool
+    return seconds, size
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", default=str(CONVERSATION_TRACE))
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-blocks", type=int, default=12_000)
+    parser.add_argument("--max-running", type=int, default=16)
+    parser.add_argument(
+        "--max-output",
+        type=int,
+        default=128,
+        help="cap on decode tokens per request (keeps the run short)",
+    )
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pool-blocks", type=int, default=1_000_000)
+    parser.add_argument("--no-vllm", action="store_true")
+    args = parser.parse_args(argv)
+
+    trace = list(read_mooncake_trace(args.trace, limit=args.requests))
+    prompts = [r.prompt_token_ids for r in trace]
+    outputs = [min(r.output_length, args.max_output) for r in trace]
+    ops = record_ops(prompts, outputs, args.num_blocks, args.block_size, args.max_running)
+    counts = [sum(1 for op in ops if op[0] == k) for k in range(6)]
+    print(
+        f"op sequence: {len(ops)} ops from {len(prompts)} Mooncake requests "
+        f"(block size {args.block_size}, {args.num_blocks} blocks): "
+        f"{counts[NEW]} new, {counts[LOOKUP]} lookups, {counts[ADMIT]} admissions, "
+        f"{counts[DECODE]} decode allocations, {counts[FREE]} frees, "
+        f"{counts[PREEMPT]} preemptions"
+    )
+    rows = []
+    t_kv, res_kv = best_of(
+        args.repeat, lambda: replay_kvcore(ops, prompts, args.num_blocks, args.block_size, "sha256")
+    )
+    rows.append(("kvcore (sha256)", t_kv))
+    t_fast, res_fast = best_of(
+        args.repeat, lambda: replay_kvcore(ops, prompts, args.num_blocks, args.block_size, "fast")
+    )
+    rows.append(("kvcore (fast hash)", t_fast))
+    if res_fast != res_kv:
+        print("ERROR: kvcore results differ between hash algorithms")
+        return 1
+    vllm = None if args.no_vllm else import_vllm()
+    if vllm is not None:
+        t_vl, res_vl = best_of(
+            args.repeat, lambda: replay_vllm(vllm, ops, prompts, args.num_blocks, args.block_size)
+        )
+        rows.append((f"vLLM {vllm.version}", t_vl))
+    for name, seconds in rows:
+        print(
+            f"  {name:<22} {len(ops) / seconds:>12,.0f} ops/s  "
+            f"{seconds / len(ops) * 1e6:>7.2f} µs/op  ({seconds:.3f} s)"
+        )
+    if vllm is not None:
+        same = res_vl == res_kv
+        print(f"  identical results (hit lengths, block ids, refusals): {same}")
+        print(f"  kvcore/vLLM throughput ratio (sha256 both): {t_vl / t_kv:.2f}x")
+        if not same:
+            first = next(i for i, (a, b) in enumerate(zip(res_kv, res_vl, strict=False)) if a != b)
+            print(
+                f"  first difference at result {first}: kvcore={res_kv[first]} vllm={res_vl[first]}"
+            )
+            return 1
+    else:
+        print("  vLLM not importable: no ratio (see README, 'Benchmarks')")
+
+    n = args.pool_blocks
+    secs, size = measure_pool_build(lambda: kvcore.BlockPool(n))
+    print(f"pool of {n:,} blocks: kvcore build {secs:.3f} s, {size / n:.1f} bytes/block")
+    if vllm is not None:
+        vsecs, vsize = measure_pool_build(
+            lambda: vllm.block_pool.BlockPool(n, True, args.block_size)
+        )
+        print(f"pool of {n:,} blocks: vLLM   build {vsecs:.3f} s, {vsize / n:.1f} bytes/block")
+        print(f"  build {vsecs / secs:.1f}x faster, {vsize / size:.1f}x less memory")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""kvcore: the paged KV cache of hybrid LLMs, one plugin per attention type.
+
+Importing kvcore loads no plugin and does not import torch or numpy; plugins
+are loaded when a registry is built (:func:`load_registry`).
+"""
+
+from __future__ import annotations
+
+from kvcore import errors
+from kvcore._block_pool import NULL_BLOCK, BlockPool
+from kvcore._config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvcore._hashing import HASH_ALGORITHMS, BlockHasher
+from kvcore._kv_cache_manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
+from kvcore._plugin_loader import (
+    ENTRY_POINT_GROUP,
+    ENV_DISABLE_PLUGINS,
+    ENV_PLUGINS,
+    PluginSelection,
+    load_registry,
+    load_selection,
+)
+from kvcore._registry import LayerType, PluginInfo, Registry, registry_from_layer_types
+from kvcore._request import MultiModalFeature, Request
+from kvcore.errors import (
+    DoubleFreeError,
+    HookImplementationError,
+    InvalidConfigError,
+    InvalidRequestError,
+    InvalidSpecError,
+    KVCoreError,
+    OutOfBlocksError,
+    PluginConflictError,
+    PluginError,
+    PluginLoadError,
+    PluginNotFoundError,
+    PrefixCachingNotSupportedError,
+    RequestTooLongError,
+    UnknownSpecError,
+)
+from kvcore.hookspecs import hookimpl
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    # engine-facing
+    "KVCacheManager",
+    "KVCacheBlocks",
+    "PrefixCacheStats",
+    "Request",
+    "MultiModalFeature",
+    "KVCacheConfig",
+    "KVCacheGroupSpec",
+    "KVCacheTensor",
+    "BlockPool",
+    "NULL_BLOCK",
+    "BlockHasher",
+    "HASH_ALGORITHMS",
+    # events
+    "BlockStored",
+    "BlockRemoved",
+    "AllBlocksCleared",
+    "KVCacheEvent",
+    # plugins
+    "hookimpl",
+    "LayerType",
+    "PluginInfo",
+    "Registry",
+    "PluginSelection",
+    "load_registry",
+    "load_selection",
+    "registry_from_layer_types",
+    "ENTRY_POINT_GROUP",
+    "ENV_PLUGINS",
+    "ENV_DISABLE_PLUGINS",
+    # errors
+    "errors",
+    "KVCoreError",
+    "PluginError",
+    "PluginLoadError",
+    "PluginNotFoundError",
+    "PluginConflictError",
+    "HookImplementationError",
+    "UnknownSpecError",
+    "InvalidSpecError",
+    "InvalidConfigError",
+    "InvalidRequestError",
+    "RequestTooLongError",
+    "DoubleFreeError",
+    "OutOfBlocksError",
+    "PrefixCachingNotSupportedError",
+    "__version__",
+]

@@ -1,0 +1,444 @@
+"""The block pool: block ids, reference counts, the prefix cache map, events.
+
+Blocks are plain integers ``0 .. num_blocks - 1``. Per-block state lives in
+parallel lists indexed by block id (reference count, cached hash, owning
+group), not in one object per block: building a pool of a million blocks is a
+handful of list allocations, and the allocation path indexes lists instead of
+reading object attributes.
+
+Block 0 is the *null block*: a placeholder in block tables (for positions a
+windowed attention type no longer needs). It is never handed out, cached,
+freed or evicted, and its reference count is not maintained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Final
+
+from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvcore._free_queue import LRUFreeQueue
+from kvcore._hashing import hashes_at_block_size
+from kvcore._request import Request
+from kvcore.errors import DoubleFreeError, InvalidConfigError
+
+__all__ = ["NULL_BLOCK", "BlockPool"]
+
+#: Id of the null block.
+NULL_BLOCK: Final = 0
+
+
+class BlockPool:
+    """All KV cache blocks of one engine, shared by every KV cache group.
+
+    Args:
+        num_blocks: Blocks in the pool, the null block included (>= 1).
+        enable_caching: Keep full blocks in the prefix cache.
+        hash_block_size: Tokens per entry of ``Request.block_hashes``; groups
+            whose block size is a multiple of it look hashes up per block.
+            ``None``: every group's block size equals the hash size.
+        num_groups: Number of KV cache groups that will share the pool.
+        enable_kv_cache_events: Queue :mod:`events <kvcore._events>` for
+            :meth:`take_events`.
+        group_kinds: Attention kind of each group, stamped on
+            ``BlockStored`` events (``None``: events carry no kind).
+    """
+
+    __slots__ = (
+        "_cached",
+        "_dups",
+        "_events",
+        "_free",
+        "_group",
+        "_group_kinds",
+        "_hash",
+        "_ref",
+        "_reserved",
+        "enable_caching",
+        "enable_kv_cache_events",
+        "hash_block_size",
+        "num_blocks",
+    )
+
+    null_block: Final = NULL_BLOCK
+
+    def __init__(
+        self,
+        num_blocks: int,
+        *,
+        enable_caching: bool = True,
+        hash_block_size: int | None = None,
+        num_groups: int = 1,
+        enable_kv_cache_events: bool = False,
+        group_kinds: Sequence[str] | None = None,
+    ) -> None:
+        if type(num_blocks) is not int or num_blocks < 1:
+            msg = (
+                f"num_blocks must be an integer >= 1 (block 0 is the null block), "
+                f"got {num_blocks!r}"
+            )
+            raise InvalidConfigError(msg)
+        if group_kinds is not None and len(group_kinds) != num_groups:
+            msg = f"group_kinds has {len(group_kinds)} entries for {num_groups} groups"
+            raise InvalidConfigError(msg)
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.hash_block_size = hash_block_size
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self._group_kinds = tuple(group_kinds) if group_kinds is not None else None
+        self._free = LRUFreeQueue(num_blocks)
+        taken = self._free.pop_n(1)
+        assert taken == [NULL_BLOCK]
+        self._ref: list[int] = [0] * num_blocks
+        self._hash: list[Hashable | None] = [None] * num_blocks
+        self._group: list[int] = [0] * num_blocks
+        # Per group: hash -> the first cached block with that hash. Identical
+        # blocks are not de-duplicated (block tables are append-only), so later
+        # blocks with an already-cached hash wait in _dups, oldest first.
+        self._cached: list[dict[Hashable, int]] = [{} for _ in range(num_groups)]
+        self._dups: list[dict[Hashable, list[int]]] = [{} for _ in range(num_groups)]
+        self._events: list[KVCacheEvent] = []
+        self._reserved: list[int] = []
+
+    # -- capacity -------------------------------------------------------------------
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks that can be allocated now (free, including evictable cached ones)."""
+        return self._free.num_free
+
+    def get_usage(self) -> float:
+        """Fraction of the usable blocks (all but the null block) not free, 0.0–1.0."""
+        usable = self.num_blocks - 1
+        if not usable:
+            return 0.0
+        return 1.0 - self._free.num_free / usable
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        """Blocks set aside for good by :meth:`reserve_blocks`."""
+        return len(self._reserved)
+
+    # -- prefix cache lookups ---------------------------------------------------------
+
+    def get_cached_block(
+        self, block_hash: Hashable, kv_cache_group_ids: Sequence[int]
+    ) -> list[int] | None:
+        """Return one cached block per group for ``block_hash``, or ``None``.
+
+        A hit requires every listed group to hold a block with this hash; with
+        several identical blocks in a group, the one cached first is returned.
+        """
+        out = []
+        for group_id in kv_cache_group_ids:
+            block = self._cached[group_id].get(block_hash)
+            if block is None:
+                return None
+            out.append(block)
+        return out
+
+    def match_prefix(
+        self,
+        block_hashes: Sequence[Hashable],
+        start: int,
+        stop: int,
+        kv_cache_group_ids: Sequence[int],
+    ) -> tuple[list[int], ...]:
+        """Look up ``block_hashes[start:stop]`` left to right until the first miss.
+
+        Returns one list per group id with the blocks of the run of hits that
+        starts at ``start`` (all lists have the same length).
+        """
+        if len(kv_cache_group_ids) == 1:
+            get = self._cached[kv_cache_group_ids[0]].get
+            hits: list[int] = []
+            append = hits.append
+            for block in map(get, block_hashes[start:stop]):
+                if block is None:
+                    break
+                append(block)
+            return (hits,)
+        maps = [self._cached[g] for g in kv_cache_group_ids]
+        per_group: tuple[list[int], ...] = tuple([] for _ in maps)
+        for block_hash in block_hashes[start:stop]:
+            found = [m.get(block_hash) for m in maps]
+            if None in found:
+                break
+            for blocks, block in zip(per_group, found, strict=True):
+                blocks.append(block)  # type: ignore[arg-type]
+        return per_group
+
+    # -- caching ------------------------------------------------------------------
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        blocks: Sequence[int],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+    ) -> None:
+        """Enter blocks ``[num_cached_blocks, num_full_blocks)`` of a request in the cache.
+
+        Each block gets the request's hash for its position (viewed at
+        ``block_size``); null blocks are skipped. With events on, queues one
+        :class:`BlockStored` for the whole range.
+
+        Args:
+            request: The request the blocks belong to; its ``block_hashes``
+                must cover ``num_full_blocks`` blocks of ``block_size``.
+            blocks: The request's block table in this group.
+            num_cached_blocks: Blocks of the table already cached.
+            num_full_blocks: Blocks of the table that are full after this call.
+            block_size: Tokens per block in this group.
+            kv_cache_group_id: The group the table belongs to.
+        """
+        if num_cached_blocks >= num_full_blocks:
+            return
+        hashes = request.block_hashes
+        if self.hash_block_size is not None and block_size != self.hash_block_size:
+            hashes = hashes_at_block_size(hashes, self.hash_block_size, block_size)  # type: ignore[assignment]
+        if len(hashes) < num_full_blocks:
+            msg = (
+                f"request {request.request_id!r} has hashes for {len(hashes)} blocks, "
+                f"cannot cache {num_full_blocks}"
+            )
+            raise InvalidConfigError(msg)
+        cached = self._cached[kv_cache_group_id]
+        block_hash_of = self._hash
+        group_of = self._group
+        stored = [] if self.enable_kv_cache_events else None
+        for index in range(num_cached_blocks, num_full_blocks):
+            block = blocks[index]
+            if not block:
+                continue
+            block_hash = hashes[index]
+            block_hash_of[block] = block_hash
+            group_of[block] = kv_cache_group_id
+            first = cached.setdefault(block_hash, block)
+            if first != block:
+                self._dups[kv_cache_group_id].setdefault(block_hash, []).append(block)
+            if stored is not None:
+                stored.append(block_hash)
+        if stored is not None:
+            kinds = self._group_kinds
+            self._events.append(
+                BlockStored(
+                    block_hashes=stored,
+                    parent_block_hash=hashes[num_cached_blocks - 1] if num_cached_blocks else None,
+                    token_ids=request._all_token_ids[
+                        num_cached_blocks * block_size : num_full_blocks * block_size
+                    ],
+                    block_size=block_size,
+                    lora_id=request.lora_id,
+                    lora_name=request.lora_name,
+                    group_idx=kv_cache_group_id,
+                    kind=kinds[kv_cache_group_id] if kinds is not None else None,
+                )
+            )
+
+    def _uncache(self, block: int) -> None:
+        """Drop ``block``'s hash from the map; the caller knows it has one."""
+        block_hash = self._hash[block]
+        group = self._group[block]
+        cached = self._cached[group]
+        dups = self._dups[group]
+        if cached.get(block_hash) == block:
+            waiting = dups.get(block_hash)
+            if waiting:
+                cached[block_hash] = waiting.pop(0)  # type: ignore[index]
+                if not waiting:
+                    del dups[block_hash]  # type: ignore[arg-type]
+            else:
+                del cached[block_hash]  # type: ignore[arg-type]
+        else:
+            waiting = dups[block_hash]  # type: ignore[index]
+            waiting.remove(block)
+            if not waiting:
+                del dups[block_hash]  # type: ignore[arg-type]
+        self._hash[block] = None
+        if self.enable_kv_cache_events:
+            self._events.append(BlockRemoved(block_hashes=(block_hash,), group_idx=group))
+
+    # -- allocation -----------------------------------------------------------------
+
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        """Take ``num_blocks`` blocks from the head of the free queue, ref count 1.
+
+        A taken block that was still cached is evicted first (its hash leaves
+        the map; with events on, a :class:`BlockRemoved` is queued).
+
+        Raises:
+            OutOfBlocksError: fewer than ``num_blocks`` blocks are free; nothing
+                changes.
+        """
+        blocks = self._free.pop_n(num_blocks)
+        ref = self._ref
+        if self.enable_caching:
+            block_hash_of = self._hash
+            for block in blocks:
+                if block_hash_of[block] is not None:
+                    self._uncache(block)
+                ref[block] = 1
+        else:
+            for block in blocks:
+                ref[block] = 1
+        return blocks
+
+    def touch(self, blocks: Sequence[int]) -> None:
+        """Take a reference on cache-hit blocks, reviving free ones from the queue.
+
+        Null blocks in ``blocks`` are ignored.
+        """
+        ref = self._ref
+        remove = self._free.remove
+        for block in blocks:
+            if block:
+                count = ref[block]
+                if count == 0:
+                    remove(block)
+                ref[block] = count + 1
+
+    def free_blocks(self, ordered_blocks: Sequence[int]) -> None:
+        """Drop one reference on each block; blocks reaching 0 join the free queue.
+
+        Blocks are queued in the given order, so pass the block to evict first
+        first (managers pass a request's blocks last to first). Null blocks are
+        ignored.
+
+        Raises:
+            DoubleFreeError: a block had no reference left; no reference count
+                or queue position has changed.
+        """
+        ref = self._ref
+        released = []
+        for position, block in enumerate(ordered_blocks):
+            if block:
+                count = ref[block] - 1
+                if count < 0:
+                    for earlier in ordered_blocks[:position]:
+                        if earlier:
+                            ref[earlier] += 1
+                    msg = (
+                        f"block {block} was freed more often than it was allocated "
+                        "(its reference count is already 0)"
+                    )
+                    raise DoubleFreeError(msg)
+                ref[block] = count
+                if count == 0:
+                    released.append(block)
+        if released:
+            self._free.push(released)
+
+    def reserve_blocks(self, num_blocks: int) -> list[int]:
+        """Take ``num_blocks`` blocks out of circulation for the pool's lifetime.
+
+        For state every request shares and nobody frees (e.g. attention-sink
+        keys and values). Reserved blocks are never cached, freed or evicted.
+
+        Raises:
+            OutOfBlocksError: not enough free blocks.
+        """
+        blocks = self.get_new_blocks(num_blocks)
+        self._reserved.extend(blocks)
+        return blocks
+
+    def evict_blocks(self, block_ids: Sequence[int]) -> None:
+        """Remove the given blocks from the prefix cache (even if in use).
+
+        For cached contents known to be invalid (e.g. a failed KV load). The
+        blocks themselves are not freed. Uncached blocks are ignored.
+
+        Raises:
+            InvalidConfigError: an id is not a block of this pool.
+        """
+        for block in block_ids:
+            if not 0 <= block < self.num_blocks:
+                msg = f"block id {block} is not in this pool (0..{self.num_blocks - 1})"
+                raise InvalidConfigError(msg)
+        for block in block_ids:
+            if self._hash[block] is not None:
+                self._uncache(block)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, if no request holds a block.
+
+        Returns:
+            ``True`` if the cache was cleared (an :class:`AllBlocksCleared`
+            event is queued), ``False`` if some block is still in use; then
+            nothing changes.
+        """
+        in_use = self.num_blocks - 1 - len(self._reserved) - self._free.num_free
+        if in_use:
+            return False
+        for cached in self._cached:
+            cached.clear()
+        for dups in self._dups:
+            dups.clear()
+        self._hash = [None] * self.num_blocks
+        if self.enable_kv_cache_events:
+            self._events.append(AllBlocksCleared())
+        return True
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Return the queued events, oldest first, and clear the queue."""
+        events = self._events
+        self._events = []
+        return events
+
+    # -- inspection -------------------------------------------------------------------
+
+    def ref_count(self, block: int) -> int:
+        """Requests holding ``block`` (0 for a free block; not kept for the null block)."""
+        return self._ref[block]
+
+    def block_hash(self, block: int) -> Hashable | None:
+        """The hash ``block`` is cached under, or ``None``."""
+        return self._hash[block]
+
+    def free_block_ids(self) -> list[int]:
+        """The free blocks in queue order: the next block to be allocated first."""
+        return list(self._free)
+
+    def num_cached_blocks(self) -> int:
+        """Blocks currently in the prefix cache (in use or evictable)."""
+        return sum(1 for block_hash in self._hash if block_hash is not None)
+
+    def check_invariants(self) -> None:
+        """Verify the pool's internal consistency; O(num_blocks), for tests.
+
+        Raises:
+            AssertionError: naming the first violated invariant.
+        """
+        free = list(self._free)
+        free_set = set(free)
+        if len(free) != len(free_set) or len(free) != self._free.num_free:
+            msg = f"free queue has duplicates or a wrong count ({len(free)} listed)"
+            raise AssertionError(msg)
+        if NULL_BLOCK in free_set:
+            msg = "the null block is in the free queue"
+            raise AssertionError(msg)
+        if self._hash[NULL_BLOCK] is not None:
+            msg = "the null block is cached"
+            raise AssertionError(msg)
+        reserved = set(self._reserved)
+        for block in range(1, self.num_blocks):
+            in_queue = block in free_set
+            if (self._ref[block] == 0) != in_queue:
+                msg = f"block {block}: ref count {self._ref[block]} but in_queue={in_queue}"
+                raise AssertionError(msg)
+            if block in reserved and (in_queue or self._hash[block] is not None):
+                msg = f"reserved block {block} is free or cached"
+                raise AssertionError(msg)
+        seen = 0
+        for group, cached in enumerate(self._cached):
+            entries = [(h, b) for h, b in cached.items()]
+            entries += [(h, b) for h, bs in self._dups[group].items() for b in bs]
+            for block_hash, block in entries:
+                if self._hash[block] != block_hash or self._group[block] != group:
+                    msg = f"map entry {block_hash!r} (group {group}) -> block {block} mismatch"
+                    raise AssertionError(msg)
+            seen += len(entries)
+        if seen != self.num_cached_blocks():
+            msg = f"{self.num_cached_blocks()} blocks carry a hash but the map has {seen}"
+            raise AssertionError(msg)

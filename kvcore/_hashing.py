@@ -1,0 +1,248 @@
+"""Chained block hashes: the keys of the prefix cache.
+
+A block's hash covers its parent's hash, its token ids and its *extra keys*
+(LoRA adapter, multimodal inputs overlapping the block with their offsets, and
+the cache salt on the first block). So equal hashes mean equal prefixes, not
+just equal blocks, and a lookup can stop at the first miss.
+
+Two algorithms:
+
+``"sha256"`` (default)
+    SHA-256 over a canonical byte encoding: the 32-byte parent digest, the
+    token ids as little-endian signed 64-bit integers, then (if any) a tagged
+    encoding of the extra keys. Collision resistant and identical across
+    processes and machines, so caches and events can be compared between
+    workers.
+``"fast"``
+    Python's built-in ``hash`` of ``(parent, tokens, extra keys)``: a 64-bit
+    integer, several times cheaper, for simulation. Not collision resistant;
+    with string extra keys (LoRA names, salts) the values differ between
+    processes unless ``PYTHONHASHSEED`` is fixed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from array import array
+from collections.abc import Hashable, Sequence
+from typing import Final, overload
+
+from kvcore._request import Request
+from kvcore.errors import InvalidConfigError
+
+__all__ = [
+    "HASH_ALGORITHMS",
+    "NONE_HASH_SHA256",
+    "BlockHasher",
+    "BlockHashView",
+    "block_extra_keys",
+    "encode_extra_keys",
+]
+
+#: The names accepted by ``BlockHasher(algorithm=...)``.
+HASH_ALGORITHMS: Final = ("sha256", "fast")
+
+#: Parent digest of a request's first block under ``"sha256"``.
+NONE_HASH_SHA256: Final = hashlib.sha256(b"kvcore/none-hash/v1").digest()
+_NONE_HASH_FAST: Final = hash(("kvcore/none-hash/v1",))
+
+_sha256 = hashlib.sha256
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def _token_bytes(tokens: list[int]) -> bytes:
+    packed = array("q", tokens)
+    if not _LITTLE_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def encode_extra_keys(keys: tuple[object, ...]) -> bytes:
+    """Encode extra keys (nested tuples of str, int, bytes, None) canonically.
+
+    Every value is tagged with its type and length, so distinct key tuples
+    never encode to the same bytes.
+
+    Raises:
+        TypeError: a key has a type with no canonical encoding.
+    """
+    out = bytearray()
+    _encode_into(keys, out)
+    return bytes(out)
+
+
+def _encode_into(value: object, out: bytearray) -> None:
+    if value is None:
+        out += b"N"
+    elif isinstance(value, tuple):
+        out += b"T" + len(value).to_bytes(4, "little")
+        for item in value:
+            _encode_into(item, out)
+    elif isinstance(value, str):
+        data = value.encode()
+        out += b"S" + len(data).to_bytes(4, "little") + data
+    elif isinstance(value, bytes):
+        out += b"B" + len(value).to_bytes(4, "little") + value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        size = value.bit_length() // 8 + 1
+        out += b"I" + size.to_bytes(1, "little") + value.to_bytes(size, "little", signed=True)
+    else:
+        msg = f"extra hash key {value!r} has no canonical encoding (use str, int, bytes)"
+        raise TypeError(msg)
+
+
+def block_extra_keys(request: Request, start: int, end: int) -> tuple[object, ...] | None:
+    """Return the extra hash keys of the block covering tokens ``[start, end)``.
+
+    The keys, in this order: ``("lora", name)`` when the request has a LoRA
+    adapter; ``("mm", identifier, offset - start)`` for every multimodal input
+    overlapping the block (the offset is relative to the block, negative when
+    the input began in an earlier block); ``("salt", salt)`` on the block that
+    starts at token 0 when the request has a cache salt. ``None`` when there
+    are none.
+    """
+    keys: list[object] = []
+    if request.lora_name:
+        keys.append(("lora", request.lora_name))
+    for feature in request.mm_features:
+        if feature.offset >= end:
+            break
+        if feature.offset + feature.length > start:
+            keys.append(("mm", feature.identifier, feature.offset - start))
+    if start == 0 and request.cache_salt:
+        keys.append(("salt", request.cache_salt))
+    return tuple(keys) if keys else None
+
+
+class BlockHasher:
+    """Extends a request's chained block hashes as its tokens grow.
+
+    Args:
+        block_size: Tokens per hashed unit (the manager's hash block size).
+        algorithm: ``"sha256"`` or ``"fast"`` (see the module documentation).
+    """
+
+    __slots__ = ("_key", "algorithm", "block_size")
+
+    def __init__(self, block_size: int, algorithm: str = "sha256") -> None:
+        if type(block_size) is not int or block_size <= 0:
+            msg = f"hash block_size must be a positive integer, got {block_size!r}"
+            raise InvalidConfigError(msg)
+        if algorithm not in HASH_ALGORITHMS:
+            msg = f"hash_algorithm must be one of {HASH_ALGORITHMS}, got {algorithm!r}"
+            raise InvalidConfigError(msg)
+        self.block_size = block_size
+        self.algorithm = algorithm
+        self._key = (block_size, algorithm)
+
+    def update(self, request: Request) -> None:
+        """Append the hashes of every newly completed block to ``request.block_hashes``.
+
+        Cheap when no block was completed since the last call (one length
+        comparison), so managers call it on every operation.
+
+        Raises:
+            InvalidConfigError: the request was hashed before with another
+                block size or algorithm (it belongs to another manager).
+        """
+        hashes = request.block_hashes
+        tokens = request._all_token_ids
+        size = self.block_size
+        start = len(hashes) * size
+        num_new = (len(tokens) - start) // size
+        if num_new <= 0:
+            return
+        if request._hash_key != self._key:
+            if request._hash_key is not None:
+                bs, algo = request._hash_key  # type: ignore[misc]
+                msg = (
+                    f"request {request.request_id!r} was hashed with block size {bs} and "
+                    f"{algo!r}, but this manager hashes with block size {size} and "
+                    f"{self.algorithm!r}; a Request belongs to one KVCacheManager"
+                )
+                raise InvalidConfigError(msg)
+            request._hash_key = self._key
+        end = start + num_new * size
+        if request.needs_extra_hash_keys:
+            self._extend_with_extra_keys(request, start, end)
+        elif self.algorithm == "sha256":
+            parent = hashes[-1] if hashes else NONE_HASH_SHA256
+            data = _token_bytes(tokens[start:end])
+            step = 8 * size
+            append = hashes.append
+            for offset in range(0, len(data), step):
+                parent = _sha256(parent + data[offset : offset + step]).digest()  # type: ignore[operator]
+                append(parent)
+        else:
+            parent = hashes[-1] if hashes else _NONE_HASH_FAST
+            append = hashes.append
+            for offset in range(start, end, size):
+                parent = hash((parent, tuple(tokens[offset : offset + size])))
+                append(parent)
+
+    def _extend_with_extra_keys(self, request: Request, start: int, end: int) -> None:
+        hashes = request.block_hashes
+        tokens = request._all_token_ids
+        size = self.block_size
+        sha = self.algorithm == "sha256"
+        none_hash: Hashable = NONE_HASH_SHA256 if sha else _NONE_HASH_FAST
+        parent = hashes[-1] if hashes else none_hash
+        for offset in range(start, end, size):
+            extra = block_extra_keys(request, offset, offset + size)
+            chunk = tokens[offset : offset + size]
+            if sha:
+                data = parent + _token_bytes(chunk)  # type: ignore[operator]
+                if extra is not None:
+                    data += b"\x01" + encode_extra_keys(extra)
+                parent = _sha256(data).digest()
+            else:
+                parent = hash((parent, tuple(chunk), extra))
+            hashes.append(parent)
+
+
+class BlockHashView(Sequence[Hashable]):
+    """A request's hashes seen at a coarser block size (a multiple of the hash unit).
+
+    Element ``i`` is the hash of the last unit inside block ``i``; because the
+    hashes are chained, it identifies the whole prefix up to the end of the
+    block. Lengths count whole blocks only.
+
+    Args:
+        hashes: Hashes at the unit size.
+        scale: Units per block (>= 1).
+    """
+
+    __slots__ = ("_hashes", "_scale")
+
+    def __init__(self, hashes: Sequence[Hashable], scale: int) -> None:
+        self._hashes = hashes
+        self._scale = scale
+
+    def __len__(self) -> int:
+        return len(self._hashes) // self._scale
+
+    @overload
+    def __getitem__(self, index: int) -> Hashable: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Hashable]: ...
+    def __getitem__(self, index: int | slice) -> Hashable | list[Hashable]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            scale = self._scale
+            return [self._hashes[(i + 1) * scale - 1] for i in range(start, stop, step)]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            msg = "block hash index out of range"
+            raise IndexError(msg)
+        return self._hashes[(index + 1) * self._scale - 1]
+
+
+def hashes_at_block_size(
+    hashes: Sequence[Hashable], hash_block_size: int, block_size: int
+) -> Sequence[Hashable]:
+    """Return ``hashes`` (computed every ``hash_block_size`` tokens) seen per ``block_size``."""
+    if block_size == hash_block_size:
+        return hashes
+    return BlockHashView(hashes, block_size // hash_block_size)

@@ -1,0 +1,145 @@
+"""The request object kvcore allocates KV cache for."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+
+import attrs
+
+from kvcore.errors import InvalidConfigError
+
+__all__ = ["MultiModalFeature", "Request"]
+
+
+@attrs.frozen(kw_only=True)
+class MultiModalFeature:
+    """A multimodal input (image, audio clip, ...) embedded in a prompt.
+
+    Two prompts reuse each other's cached blocks only if the inputs covering
+    those blocks are the same, so every block a feature overlaps carries the
+    feature's identifier and its offset relative to the block in its hash.
+
+    Attributes:
+        identifier: Content hash of the input (equal content, equal id).
+        offset: Index of the input's first placeholder token in the prompt.
+        length: Number of placeholder tokens the input occupies.
+    """
+
+    identifier: str
+    offset: int = attrs.field(validator=attrs.validators.ge(0))
+    length: int = attrs.field(validator=attrs.validators.gt(0))
+
+
+class Request:
+    """One generation request, as the KV cache manager sees it.
+
+    The engine owns the request: it appends output tokens and advances
+    :attr:`num_computed_tokens` after each step. kvcore owns
+    :attr:`block_hashes`, which it extends lazily (one hash per full block of
+    ``hash_block_size`` tokens) whenever the manager is asked about the
+    request; a request therefore belongs to one ``KVCacheManager``.
+
+    Args:
+        request_id: Unique id; block tables are keyed by it.
+        prompt_token_ids: The prompt's token ids.
+        lora_name: Name of the LoRA adapter, if any. Requests with different
+            adapters never share cached blocks.
+        lora_id: Integer id of the LoRA adapter (reported in events).
+        cache_salt: Tenant isolation: requests with different salts never
+            share cached blocks. Enters the hash of the first block only (the
+            hash chain carries it to the others).
+        mm_features: Multimodal inputs in the prompt, sorted by offset.
+        skip_reading_prefix_cache: Never *read* the prefix cache for this
+            request (e.g. it needs prompt log-probabilities, which a cache hit
+            would not compute). Its blocks are still cached for others.
+    """
+
+    __slots__ = (
+        "_all_token_ids",
+        "_hash_key",
+        "_kv_state",
+        "block_hashes",
+        "cache_salt",
+        "lora_id",
+        "lora_name",
+        "mm_features",
+        "num_computed_tokens",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "request_id",
+        "skip_reading_prefix_cache",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        *,
+        lora_name: str | None = None,
+        lora_id: int | None = None,
+        cache_salt: str | None = None,
+        mm_features: Sequence[MultiModalFeature] = (),
+        skip_reading_prefix_cache: bool = False,
+    ) -> None:
+        if not prompt_token_ids:
+            msg = f"request {request_id!r}: prompt_token_ids is empty; a prompt needs >= 1 token"
+            raise InvalidConfigError(msg)
+        offsets = [feature.offset for feature in mm_features]
+        if offsets != sorted(offsets):
+            msg = f"request {request_id!r}: mm_features must be sorted by offset"
+            raise InvalidConfigError(msg)
+        self.request_id = request_id
+        self._all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self._all_token_ids)
+        self.lora_name = lora_name
+        self.lora_id = lora_id
+        self.cache_salt = cache_salt
+        self.mm_features: tuple[MultiModalFeature, ...] = tuple(mm_features)
+        self.skip_reading_prefix_cache = skip_reading_prefix_cache
+        #: Tokens whose KV the engine has computed (maintained by the engine).
+        self.num_computed_tokens = 0
+        #: How many times the engine preempted this request.
+        self.num_preemptions = 0
+        #: Chained hashes of the full hash-size blocks (maintained by kvcore).
+        self.block_hashes: list[Hashable] = []
+        self._hash_key: object = None
+        # "new" → "allocated" (after a successful allocate_slots) → "freed".
+        self._kv_state = "new"
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt's token ids (a copy)."""
+        return self._all_token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """The generated token ids so far (a copy)."""
+        return self._all_token_ids[self.num_prompt_tokens :]
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt then output token ids. The live list: do not modify it."""
+        return self._all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens."""
+        return len(self._all_token_ids)
+
+    @property
+    def needs_extra_hash_keys(self) -> bool:
+        """Whether block hashes carry more than the token ids (LoRA, salt, media)."""
+        return bool(self.lora_name or self.cache_salt or self.mm_features)
+
+    def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
+        """Append one generated token id, or several in order."""
+        if isinstance(token_ids, int):
+            self._all_token_ids.append(token_ids)
+        else:
+            self._all_token_ids.extend(token_ids)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens})"
+        )

@@ -1,0 +1,366 @@
+"""The manager base classes plugin authors subclass: one manager per KV cache group.
+
+A manager keeps the block table of every request in its group and decides,
+for its attention type, three things: which earlier blocks a request no longer
+needs (:meth:`SingleTypeManager.get_num_skipped_tokens`), which cached blocks
+form a usable prefix-cache hit (:meth:`SingleTypeManager.find_longest_cache_hit`),
+and how many blocks an allocation will take. The base class implements the
+bookkeeping shared by every type; a plugin overrides what differs.
+
+Block ids are plain ``int``; block 0 is the null block (:data:`NULL_BLOCK`),
+which stands for a position whose KV is not kept.
+
+Managers are called directly by the coordinator on every scheduler step, so
+their methods are on the allocation path: keep them free of hook calls,
+logging and per-call allocation of helper objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import ClassVar, Generic, TypeVar
+
+from kvcore._block_pool import NULL_BLOCK, BlockPool
+from kvcore._hashing import BlockHashView
+from kvcore._request import Request
+from kvcore._utils import cdiv
+from kvcore.errors import InvalidConfigError
+from kvcore.specs import KVCacheSpec
+
+__all__ = [
+    "NULL_BLOCK",
+    "BlockPool",
+    "BlockHashView",
+    "SpecT",
+    "SingleTypeManager",
+    "PrefixManager",
+]
+
+#: The spec type a manager class serves.
+SpecT = TypeVar("SpecT", bound=KVCacheSpec)
+
+
+class SingleTypeManager(Generic[SpecT]):
+    """Block tables and allocation for one KV cache group of one attention type.
+
+    Subclasses must implement :meth:`find_longest_cache_hit` and may override
+    :meth:`get_num_skipped_tokens` (tokens before the attention window) and
+    any allocation step whose behaviour differs.
+
+    Args:
+        spec: The group's spec.
+        block_pool: The pool shared by every group of the engine.
+        kv_cache_group_id: Index of the group in the KV cache config.
+        enable_caching: Whether prefix caching is on.
+
+    Attributes:
+        req_to_blocks: Block table per request id (null blocks where the
+            type dropped a block).
+        num_cached_block: Per *running* request, how many leading blocks of its
+            table are already in the prefix cache. A request present here has
+            been allocated and gets no new cache hits.
+    """
+
+    #: A hit of length L implies a hit at every aligned length below L (full
+    #: attention): the hybrid coordinator then looks the group up once and
+    #: only trims afterwards, and puts it first.
+    downward_closed_hits: ClassVar[bool] = False
+    #: Whether blocks of this type can ever be shared through the prefix
+    #: cache. ``False`` (cross attention) makes lookups and caching errors.
+    supports_prefix_caching: ClassVar[bool] = True
+    #: The group's blocks hold encoder tokens (cross attention): allocation
+    #: is sized by ``num_encoder_tokens`` instead of the decoder tokens.
+    allocates_for_encoder: ClassVar[bool] = False
+    #: :meth:`find_longest_cache_hit` drops the last matched block when
+    #: ``use_eagle`` is set. A type whose finder never drops (its state is
+    #: not produced by the draft model) sets this to ``False`` so the hybrid
+    #: coordinator does not look one block further for it.
+    eagle_drops_last_block: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        spec: SpecT,
+        block_pool: BlockPool,
+        *,
+        kv_cache_group_id: int = 0,
+        enable_caching: bool = True,
+    ) -> None:
+        self.spec = spec
+        self.block_size = spec.block_size
+        self.block_pool = block_pool
+        self.kv_cache_group_id = kv_cache_group_id
+        self.enable_caching = enable_caching
+        self.req_to_blocks: dict[str, list[int]] = {}
+        self.num_cached_block: dict[str, int] = {}
+        self.null_block = NULL_BLOCK
+
+    # -- what differs per attention type ----------------------------------------------
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[Hashable],
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: SpecT,
+        use_eagle: bool,
+        alignment_tokens: int,
+    ) -> tuple[list[int], ...]:
+        """Find the longest usable prefix-cache hit of at most ``max_length`` tokens.
+
+        Called by the coordinator before a request is admitted; it must not
+        change any state (no reference counts, no queue order).
+
+        Args:
+            block_hashes: The request's hashes, one per block of this spec's
+                block size.
+            max_length: Longest hit allowed, in tokens.
+            kv_cache_group_ids: Groups that share this spec; a hit needs a
+                cached block in every one of them.
+            block_pool: The pool to look blocks up in.
+            kv_cache_spec: The groups' spec.
+            use_eagle: EAGLE speculative decoding is on: the last matched block
+                must be recomputed, so drop it from the hit.
+            alignment_tokens: The hit length must be a multiple of this.
+
+        Returns:
+            One list per group id, all of the same length ``n``: the blocks
+            covering the first ``n × block_size`` tokens, with the null block
+            where the type does not need the block.
+        """
+        msg = f"{cls.__qualname__} must implement find_longest_cache_hit"
+        raise NotImplementedError(msg)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Leading tokens the next token no longer attends to.
+
+        Blocks wholly inside this prefix are freed and replaced by the null
+        block. The default, 0, keeps every block until the request ends.
+
+        Args:
+            num_computed_tokens: Tokens of the request whose KV is computed.
+        """
+        return 0
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        """Leading blocks shared by every request holding blocks in this group.
+
+        Used by cascade attention; 0 (the default) is always correct.
+        """
+        return 0
+
+    # -- shared bookkeeping ---------------------------------------------------------
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[int],
+        total_computed_tokens: int,
+    ) -> int:
+        """Predict how many blocks the next allocation will take from the free queue.
+
+        Must equal exactly what :meth:`allocate_new_computed_blocks` plus
+        :meth:`allocate_new_blocks` will take; the manager uses it to refuse an
+        allocation atomically. Cache-hit blocks that are currently free count:
+        adopting them takes them out of the free queue.
+
+        Args:
+            request_id: The request.
+            num_tokens: Tokens that need a slot after the allocation
+                (including those that already have one).
+            new_computed_blocks: Cache-hit blocks about to be adopted.
+            total_computed_tokens: Computed tokens, local and external.
+        """
+        num_required = cdiv(num_tokens, self.block_size)
+        table = self.req_to_blocks.get(request_id)
+        num_held = len(table) if table is not None else 0
+        if request_id in self.num_cached_block:
+            # A running request gets no new hits. With speculative decoding
+            # rejected draft tokens can leave it holding more than it needs.
+            return max(num_required - num_held, 0)
+        num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        num_new = max(
+            num_required - max(num_skipped_blocks, len(new_computed_blocks) + num_held), 0
+        )
+        # Hits that fall before the window are not adopted, so they take nothing.
+        first_kept = max(0, num_skipped_blocks - num_held)
+        ref_count = self.block_pool.ref_count
+        num_revived = sum(
+            1 for block in new_computed_blocks[first_kept:] if block and ref_count(block) == 0
+        )
+        return num_new + num_revived
+
+    def allocate_new_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[int],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        """Adopt a new request's cache hit (and room for externally computed tokens).
+
+        Hits before the attention window are replaced by null blocks; the rest
+        are touched (so they cannot be evicted) and become the head of the
+        table. External tokens (loaded by a KV connector) get fresh blocks.
+        """
+        if request_id in self.num_cached_block:
+            if new_computed_blocks:
+                msg = f"request {request_id!r} is running; it cannot adopt new cache hits"
+                raise InvalidConfigError(msg)
+            return
+        table = self.req_to_blocks.setdefault(request_id, [])
+        if table:
+            msg = f"request {request_id!r} already holds blocks; hits are adopted once"
+            raise InvalidConfigError(msg)
+        num_total_computed = num_local_computed_tokens + num_external_computed_tokens
+        num_skipped_tokens = self.get_num_skipped_tokens(num_total_computed)
+        num_skipped_blocks = num_skipped_tokens // self.block_size
+        if num_skipped_blocks > 0:
+            new_computed_blocks = new_computed_blocks[num_skipped_blocks:]
+            num_external_computed_tokens = min(
+                num_total_computed - num_skipped_tokens, num_external_computed_tokens
+            )
+        if self.enable_caching:
+            self.block_pool.touch(new_computed_blocks)
+        elif any(new_computed_blocks):
+            msg = "cache-hit blocks were given, but prefix caching is disabled"
+            raise InvalidConfigError(msg)
+        if num_skipped_blocks:
+            table.extend([NULL_BLOCK] * num_skipped_blocks)
+        table.extend(new_computed_blocks)
+        # Hits (and the nulls standing for skipped hits) are already cached.
+        self.num_cached_block[request_id] = len(table)
+        if num_external_computed_tokens > 0:
+            table.extend(
+                self.block_pool.get_new_blocks(
+                    cdiv(num_total_computed, self.block_size) - len(table)
+                )
+            )
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
+        """Grow the request's table so it has slots for ``num_tokens`` tokens.
+
+        Returns:
+            The newly allocated blocks (empty if the table was big enough).
+        """
+        table = self.req_to_blocks.get(request_id)
+        if table is None:
+            table = self.req_to_blocks[request_id] = []
+        num_new = cdiv(num_tokens, self.block_size) - len(table)
+        if num_new <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(num_new)
+        table.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Put the request's blocks that are full after ``num_tokens`` tokens in the cache."""
+        request_id = request.request_id
+        num_cached = self.num_cached_block.get(request_id, 0)
+        num_full = num_tokens // self.block_size
+        if num_cached >= num_full:
+            return
+        self.block_pool.cache_full_blocks(
+            request,
+            self.req_to_blocks[request_id],
+            num_cached,
+            num_full,
+            self.block_size,
+            self.kv_cache_group_id,
+        )
+        self.num_cached_block[request_id] = num_full
+
+    def free(self, request_id: str) -> None:
+        """Release the request's blocks, last block first (it is evicted first).
+
+        A request that holds no blocks (aborted before allocation) is ignored.
+        """
+        table = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        if table:
+            self.block_pool.free_blocks(table[::-1])
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        """Free the blocks the request's next token no longer attends to.
+
+        Freed positions become null blocks. Blocks are released last to first,
+        and the walk stops at the first null (everything before it was freed by
+        an earlier call).
+        """
+        num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
+        if num_skipped_tokens <= 0:
+            return
+        table = self.req_to_blocks.get(request_id)
+        if not table:
+            return
+        # The window can move past blocks that were never allocated (external
+        # tokens): only existing blocks can be freed.
+        num_skipped_blocks = min(num_skipped_tokens // self.block_size, len(table))
+        removed = []
+        for index in range(num_skipped_blocks - 1, -1, -1):
+            block = table[index]
+            if not block:
+                break
+            removed.append(block)
+            table[index] = NULL_BLOCK
+        if removed:
+            self.block_pool.free_blocks(removed)
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table in this group (empty if it holds none)."""
+        return self.req_to_blocks.get(request_id, [])
+
+
+class PrefixManager(SingleTypeManager[SpecT]):
+    """Base for types whose cache hit is any cached prefix (full attention and kin).
+
+    Every earlier token stays visible, so a hit is the longest run of cached
+    blocks from the start of the prompt, found left to right; it is downward
+    closed. Nothing is freed before the request ends.
+    """
+
+    downward_closed_hits: ClassVar[bool] = True
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[Hashable],
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: SpecT,
+        use_eagle: bool,
+        alignment_tokens: int,
+    ) -> tuple[list[int], ...]:
+        """Longest cached prefix, minus EAGLE's last block, cut to the alignment.
+
+        The scan stops at the first miss: hashes are chained, so no later
+        block can hit.
+        """
+        block_size = kv_cache_spec.block_size
+        hits = block_pool.match_prefix(
+            block_hashes, 0, max_length // block_size, kv_cache_group_ids
+        )
+        length = len(hits[0])
+        if use_eagle and length:
+            length -= 1
+        if block_size != alignment_tokens:
+            while length and (length * block_size) % alignment_tokens:
+                length -= 1
+        if length != len(hits[0]):
+            for blocks in hits:
+                del blocks[length:]
+        return hits
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        """Leading blocks of the request held by every request of the group."""
+        num_requests = len(self.req_to_blocks)
+        ref_count = self.block_pool.ref_count
+        count = 0
+        for block in self.req_to_blocks.get(running_request_id, ()):
+            if ref_count(block) != num_requests:
+                break
+            count += 1
+        return count

@@ -1,0 +1,249 @@
+"""Base classes for KV cache specs: what one layer needs from the cache.
+
+A spec is an immutable value object describing one attention layer's cache:
+how many tokens a block holds and how many bytes one block of that layer takes
+(its *page*). Plugin authors subclass :class:`KVCacheSpec` (or
+:class:`AttentionSpec` for layers that store keys and values per token) and
+decorate the subclass with ``@attrs.frozen(kw_only=True)`` as well.
+
+Specs are validated when they are made: a bad block size, head count or dtype
+raises :class:`~kvcore.errors.InvalidSpecError` naming the class and the field.
+Specs compare and hash by value; grouping layers relies on that.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+
+from kvcore._utils import cdiv
+from kvcore.errors import InvalidSpecError
+
+__all__ = [
+    "DTYPE_SIZES",
+    "dtype_name",
+    "dtype_size",
+    "TokenLimits",
+    "KVCacheSpec",
+    "AttentionSpec",
+    "positive_int",
+    "optional_positive_int",
+    "non_negative_int",
+]
+
+#: Bytes per element of every dtype a spec may use, by canonical name (the
+#: name torch gives the dtype, without the ``torch.`` prefix).
+DTYPE_SIZES: dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2": 1,
+    "float8_e5m2fnuz": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+}
+
+_DTYPE_ALIASES: dict[str, str] = {
+    "double": "float64",
+    "fp64": "float64",
+    "float": "float32",
+    "fp32": "float32",
+    "half": "float16",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+}
+
+
+def dtype_name(value: object) -> str:
+    """Return the canonical name of a dtype given as a name or a ``torch.dtype``.
+
+    Accepts ``"bfloat16"``, aliases such as ``"bf16"`` or ``"half"``, and
+    ``torch.bfloat16`` itself. torch is never imported: a torch dtype is
+    recognised by its type and converted through its ``str()``.
+
+    Raises:
+        ValueError: ``value`` is not a dtype kvcore knows.
+    """
+    if isinstance(value, str):
+        name = value.removeprefix("torch.")
+    elif type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+        name = str(value).removeprefix("torch.")
+    else:
+        msg = f"expected a dtype name or a torch.dtype, got {value!r}"
+        raise ValueError(msg)
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in DTYPE_SIZES:
+        known = ", ".join(sorted(DTYPE_SIZES))
+        msg = f"unknown dtype {value!r}; known dtypes: {known}"
+        raise ValueError(msg)
+    return name
+
+
+def dtype_size(value: object) -> int:
+    """Return the size in bytes of one element of ``value`` (a name or torch dtype)."""
+    return DTYPE_SIZES[dtype_name(value)]
+
+
+def _field_label(instance: object, attribute: attrs.Attribute[Any]) -> str:
+    return f"{type(instance).__name__}.{attribute.name}"
+
+
+def positive_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """Attrs validator: ``value`` is an ``int`` (not a ``bool``) greater than 0."""
+    if type(value) is not int or value <= 0:
+        msg = f"{_field_label(instance, attribute)} must be a positive integer, got {value!r}"
+        raise InvalidSpecError(msg)
+
+
+def non_negative_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """Attrs validator: ``value`` is an ``int`` (not a ``bool``) of at least 0."""
+    if type(value) is not int or value < 0:
+        msg = f"{_field_label(instance, attribute)} must be an integer >= 0, got {value!r}"
+        raise InvalidSpecError(msg)
+
+
+def optional_positive_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """Attrs validator: ``value`` is ``None`` or a positive ``int``."""
+    if value is not None:
+        positive_int(instance, attribute, value)
+
+
+def _convert_dtype(value: object, instance: object, field: attrs.Attribute[Any]) -> str:
+    try:
+        return dtype_name(value)
+    except ValueError as exc:
+        msg = f"{type(instance).__name__}.{field.name}: {exc}"
+        raise InvalidSpecError(msg) from None
+
+
+@attrs.frozen(kw_only=True)
+class TokenLimits:
+    """The per-request token limits that bound a spec's memory needs.
+
+    Attributes:
+        max_model_len: Longest request (prompt + output) the engine admits.
+        max_num_batched_tokens: Most tokens one request can have scheduled in
+            one step (the chunked-prefill budget). ``None`` means
+            ``max_model_len``. Windowed attention types need room for the
+            window plus this many tokens.
+        max_num_encoder_tokens: Most encoder tokens of one request
+            (encoder-decoder models); 0 for decoder-only models.
+    """
+
+    max_model_len: int = attrs.field(validator=positive_int)
+    max_num_batched_tokens: int | None = attrs.field(default=None, validator=optional_positive_int)
+    max_num_encoder_tokens: int = attrs.field(default=0, validator=non_negative_int)
+
+    @property
+    def batched_tokens(self) -> int:
+        """``max_num_batched_tokens``, or ``max_model_len`` when it is not set."""
+        if self.max_num_batched_tokens is None:
+            return self.max_model_len
+        return self.max_num_batched_tokens
+
+
+@attrs.frozen(kw_only=True)
+class KVCacheSpec:
+    """What one layer needs from the KV cache; the base of every spec.
+
+    Subclasses must set :attr:`kind` and implement :attr:`page_size_bytes` and
+    :meth:`max_memory_usage_bytes`.
+
+    Attributes:
+        block_size: Tokens per block (> 0).
+    """
+
+    #: Short name of the attention type, reported in KV cache events
+    #: (``BlockStored.kind``) and by ``kvcore plugins``.
+    kind: ClassVar[str] = "abstract"
+
+    block_size: int = attrs.field(validator=positive_int)
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes one block of one layer of this spec occupies."""
+        msg = f"{type(self).__name__} must implement page_size_bytes"
+        raise NotImplementedError(msg)
+
+    def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
+        """Most bytes one request can hold in one layer of this spec.
+
+        Args:
+            limits: The per-request token limits of the engine.
+        """
+        msg = f"{type(self).__name__} must implement max_memory_usage_bytes"
+        raise NotImplementedError(msg)
+
+
+@attrs.frozen(kw_only=True)
+class AttentionSpec(KVCacheSpec):
+    """A layer that stores a key and a value vector per token and KV head.
+
+    The page of one block is ``block_size × num_kv_heads × (head_size +
+    head_size_v) × bytes per element``, or ``page_size_padded`` when that is
+    set (planning pads pages so that layers of different shapes can share
+    block ids).
+
+    Attributes:
+        num_kv_heads: Key/value heads stored per token (> 0).
+        head_size: Width of a key vector, in elements (> 0).
+        head_size_v: Width of a value vector, in elements (>= 0); defaults to
+            ``head_size``. 0 for layers with no separate value (MLA).
+        dtype: Element type, as a name (``"bfloat16"``) or a ``torch.dtype``;
+            stored as its canonical name.
+        page_size_padded: Page size to use instead of the natural one, in
+            bytes; must not be smaller than the natural page.
+    """
+
+    num_kv_heads: int = attrs.field(validator=positive_int)
+    head_size: int = attrs.field(validator=positive_int)
+    head_size_v: int = attrs.field(
+        default=attrs.Factory(lambda self: self.head_size, takes_self=True),
+        validator=non_negative_int,
+    )
+    dtype: str = attrs.field(
+        converter=attrs.Converter(_convert_dtype, takes_self=True, takes_field=True)
+    )
+    page_size_padded: int | None = attrs.field(default=None, validator=optional_positive_int)
+
+    def __attrs_post_init__(self) -> None:
+        if self.page_size_padded is not None and self.page_size_padded < (
+            real := self.real_page_size_bytes
+        ):
+            msg = (
+                f"{type(self).__name__}.page_size_padded ({self.page_size_padded} bytes) "
+                f"is smaller than the page it pads ({real} bytes); "
+                "pad to at least the natural page size or leave it unset"
+            )
+            raise InvalidSpecError(msg)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one token takes in one layer (keys and values, all KV heads)."""
+        return self.num_kv_heads * (self.head_size + self.head_size_v) * DTYPE_SIZES[self.dtype]
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        """The natural page size, ignoring ``page_size_padded``."""
+        return self.block_size * self.bytes_per_token
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes one block of one layer occupies (padded if padding is set)."""
+        if self.page_size_padded is not None:
+            return self.page_size_padded
+        return self.real_page_size_bytes
+
+    def pages_for_tokens(self, num_tokens: int) -> int:
+        """Blocks needed to hold ``num_tokens`` tokens (``ceil(num_tokens / block_size)``)."""
+        return cdiv(num_tokens, self.block_size)

@@ -1,0 +1,21 @@
+"""Full attention: every token attends to every earlier token.
+
+Every block of a request is kept until the request ends, and any cached prefix
+of the prompt is a usable hit (found left to right, downward closed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kvcore
+from kvcore_plugins.full_attention.manager import FullAttentionManager
+from kvcore_plugins.full_attention.spec import FullAttentionSpec
+
+__all__ = ["FullAttentionManager", "FullAttentionSpec", "kvcore_layer_types"]
+
+
+@kvcore.hookimpl
+def kvcore_layer_types() -> list[kvcore.LayerType[Any]]:
+    """Register full attention."""
+    return [kvcore.LayerType(FullAttentionSpec, FullAttentionManager)]
