@@ -6,7 +6,7 @@ are loaded when a registry is built (:func:`load_registry`).
 
 from __future__ import annotations
 
-from kvcore import errors
+from kvcore import errors, hookspecs, managers, specs
 from kvcore._block_pool import NULL_BLOCK, BlockPool
 from kvcore._config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -75,6 +75,9 @@ __all__ = [
     "ENV_DISABLE_PLUGINS",
     # errors
     "errors",
+    "hookspecs",
+    "managers",
+    "specs",
     "KVCoreError",
     "PluginError",
     "PluginLoadError",

@@ -38,8 +38,7 @@ class BlockPool:
             whose block size is a multiple of it look hashes up per block.
             ``None``: every group's block size equals the hash size.
         num_groups: Number of KV cache groups that will share the pool.
-        enable_kv_cache_events: Queue :mod:`events <kvcore._events>` for
-            :meth:`take_events`.
+        enable_kv_cache_events: Queue KV cache events for :meth:`take_events`.
         group_kinds: Attention kind of each group, stamped on
             ``BlockStored`` events (``None``: events carry no kind).
     """

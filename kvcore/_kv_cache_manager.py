@@ -77,8 +77,9 @@ class PrefixCacheStats:
         requests: Lookups made.
         queries: Prompt tokens looked up.
         hits: Tokens found in the cache.
-        preempted_requests / preempted_queries / preempted_hits: the same,
-            for requests resumed after a preemption.
+        preempted_requests: Lookups of requests resumed after a preemption.
+        preempted_queries: Prompt tokens those lookups covered.
+        preempted_hits: Tokens those lookups found.
         reset: ``reset_prefix_cache`` succeeded in the interval.
     """
 
@@ -100,8 +101,8 @@ class KVCacheManager:
     """Allocates the KV cache of a model's requests, with prefix caching.
 
     Args:
-        kv_cache_config: Groups and block count (from :func:`kvcore.plan` or
-            built by hand).
+        kv_cache_config: Groups and block count (from planning, or built by
+            hand).
         max_model_len: Longest request, prompt plus output, in tokens.
         registry: Spec → manager map; default :func:`kvcore.load_registry()`
             (every installed plugin, or the selection in ``KVCORE_PLUGINS`` /

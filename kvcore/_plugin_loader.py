@@ -146,7 +146,7 @@ def _check_names_exist(names: frozenset[str], installed: Iterable[str], option: 
     for name in missing:
         close = difflib.get_close_matches(name, installed, n=1)
         if close:
-            hints.append(f"did you mean {close[0]!r} for {name!r}?")
+            hints.append(f"Did you mean {close[0]!r} for {name!r}?")
     msg = (
         f"kvcore plugins named in {option} are not installed: "
         f"{', '.join(map(repr, missing))}. Installed plugins: {', '.join(installed) or 'none'}."

@@ -118,7 +118,7 @@ class Request:
 
     @property
     def all_token_ids(self) -> list[int]:
-        """Prompt then output token ids. The live list: do not modify it."""
+        """The prompt's then the output's token ids (the live list, not a copy)."""
         return self._all_token_ids
 
     @property

@@ -7,7 +7,7 @@ form a usable prefix-cache hit (:meth:`SingleTypeManager.find_longest_cache_hit`
 and how many blocks an allocation will take. The base class implements the
 bookkeeping shared by every type; a plugin overrides what differs.
 
-Block ids are plain ``int``; block 0 is the null block (:data:`NULL_BLOCK`),
+Block ids are plain ``int``; block 0 is the null block (``NULL_BLOCK``),
 which stands for a position whose KV is not kept.
 
 Managers are called directly by the coordinator on every scheduler step, so
@@ -68,8 +68,8 @@ class SingleTypeManager(Generic[SpecT]):
     #: Whether blocks of this type can ever be shared through the prefix
     #: cache. ``False`` (cross attention) makes lookups and caching errors.
     supports_prefix_caching: ClassVar[bool] = True
-    #: The group's blocks hold encoder tokens (cross attention): allocation
-    #: is sized by ``num_encoder_tokens`` instead of the decoder tokens.
+    #: Whether the group's blocks hold encoder tokens, as in cross attention.
+    #: Allocation is then sized by ``num_encoder_tokens``, not decoder tokens.
     allocates_for_encoder: ClassVar[bool] = False
     #: :meth:`find_longest_cache_hit` drops the last matched block when
     #: ``use_eagle`` is set. A type whose finder never drops (its state is

@@ -21,6 +21,8 @@ from kvcore._utils import cdiv
 from kvcore.errors import InvalidSpecError
 
 __all__ = [
+    "cdiv",
+    "InvalidSpecError",
     "DTYPE_SIZES",
     "dtype_name",
     "dtype_size",
@@ -183,6 +185,16 @@ class KVCacheSpec:
         """
         msg = f"{type(self).__name__} must implement max_memory_usage_bytes"
         raise NotImplementedError(msg)
+
+    @property
+    def pool_reserved_blocks(self) -> int:
+        """Blocks a group of this spec takes out of the pool once, for all requests.
+
+        0 for most types; attention sinks keep their sink tokens in blocks
+        reserved when the manager is built. Sizing adds these to the blocks
+        the requests need.
+        """
+        return 0
 
 
 @attrs.frozen(kw_only=True)

@@ -1,0 +1,139 @@
+"""The Mamba / linear-attention state spec."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any, ClassVar, Literal
+
+import attrs
+
+from kvcore.errors import InvalidSpecError
+from kvcore.specs import (
+    DTYPE_SIZES,
+    KVCacheSpec,
+    TokenLimits,
+    cdiv,
+    dtype_name,
+    non_negative_int,
+    optional_positive_int,
+)
+
+__all__ = ["MambaSpec"]
+
+MambaCacheMode = Literal["none", "align"]
+
+
+def _convert_shapes(value: Iterable[Iterable[int]]) -> tuple[tuple[int, ...], ...]:
+    try:
+        return tuple(tuple(shape) for shape in value)
+    except TypeError:
+        msg = f"MambaSpec.shapes must be a sequence of shapes (sequences of ints), got {value!r}"
+        raise InvalidSpecError(msg) from None
+
+
+def _check_shapes(instance: object, attribute: Any, value: tuple[tuple[int, ...], ...]) -> None:
+    if not value:
+        msg = "MambaSpec.shapes is empty; give the shape of every state tensor of the layer"
+        raise InvalidSpecError(msg)
+    for shape in value:
+        if not shape or any(type(d) is not int or d <= 0 for d in shape):
+            msg = (
+                f"MambaSpec.shapes contains {shape!r}; every state shape needs at least one "
+                "dimension, all positive integers"
+            )
+            raise InvalidSpecError(msg)
+
+
+def _convert_dtypes(value: Iterable[object]) -> tuple[str, ...]:
+    names = []
+    for item in value:
+        try:
+            names.append(dtype_name(item))
+        except ValueError as exc:
+            msg = f"MambaSpec.dtypes: {exc}"
+            raise InvalidSpecError(msg) from None
+    return tuple(names)
+
+
+@attrs.frozen(kw_only=True)
+class MambaSpec(KVCacheSpec):
+    """A recurrent state (Mamba, linear attention, ...) of fixed size per request.
+
+    The page is the state itself: the sum of its tensors' sizes, whatever the
+    block size. ``block_size`` only sets the token granularity at which states
+    can be cached: block ``i`` of a request holds the state after
+    ``(i + 1) × block_size`` tokens.
+
+    Attributes:
+        shapes: Shape of each state tensor (e.g. conv state and SSM state).
+        dtypes: Element type of each state tensor (names or torch dtypes).
+        page_size_padded: Page size to use instead of the state size (padding
+            to match attention pages); not smaller than the state.
+        mamba_type: Free-form label of the state kind (``"mamba2"``, ...).
+        num_speculative_blocks: Extra state slots for speculative decoding.
+        mamba_cache_mode: ``"none"``: one state per request, never
+            prefix-cached (``block_size`` is then at least the model length).
+            ``"align"``: ``block_size`` equals the attention block size, and
+            the state at every block boundary can be cached and hit.
+    """
+
+    kind: ClassVar[str] = "mamba"
+
+    shapes: tuple[tuple[int, ...], ...] = attrs.field(
+        converter=_convert_shapes, validator=_check_shapes
+    )
+    dtypes: tuple[str, ...] = attrs.field(converter=_convert_dtypes)
+    page_size_padded: int | None = attrs.field(default=None, validator=optional_positive_int)
+    mamba_type: str = "mamba2"
+    num_speculative_blocks: int = attrs.field(default=0, validator=non_negative_int)
+    mamba_cache_mode: MambaCacheMode = attrs.field(
+        default="none", validator=attrs.validators.in_(("none", "align"))
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.dtypes) != len(self.shapes):
+            msg = (
+                f"MambaSpec.dtypes has {len(self.dtypes)} entries for {len(self.shapes)} "
+                "shapes; give one dtype per state tensor"
+            )
+            raise InvalidSpecError(msg)
+        if self.page_size_padded is not None and self.page_size_padded < self.real_page_size_bytes:
+            msg = (
+                f"MambaSpec.page_size_padded ({self.page_size_padded} bytes) is smaller than "
+                f"the state ({self.real_page_size_bytes} bytes)"
+            )
+            raise InvalidSpecError(msg)
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        """Bytes of the state tensors, unpadded."""
+        return sum(
+            math.prod(shape) * DTYPE_SIZES[dtype]
+            for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
+        )
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one state slot (padded if padding is set)."""
+        if self.page_size_padded is not None:
+            return self.page_size_padded
+        return self.real_page_size_bytes
+
+    def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
+        """The state slots one request can hold at once.
+
+        ``"none"``: one state plus the speculative slots. ``"align"``: the
+        blocks a step can span (one per ``block_size`` tokens of one step,
+        plus the block holding the previous state) plus the speculative
+        slots, capped at one per block of ``max_model_len``.
+        """
+        if self.mamba_cache_mode == "none":
+            slots = 1 + self.num_speculative_blocks
+        else:
+            step_tokens = min(limits.batched_tokens, limits.max_model_len)
+            slots = min(
+                cdiv(step_tokens, self.block_size) + 1, cdiv(limits.max_model_len, self.block_size)
+            )
+            slots += self.num_speculative_blocks
+        return slots * self.page_size_bytes

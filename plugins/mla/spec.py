@@ -1,0 +1,63 @@
+"""The multi-head latent attention (MLA) spec."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Final
+
+import attrs
+
+from kvcore.errors import InvalidSpecError
+from kvcore.specs import AttentionSpec, TokenLimits, non_negative_int, positive_int
+
+__all__ = ["CACHE_DTYPE_BYTES_PER_TOKEN", "MLAAttentionSpec"]
+
+#: Packed per-token records of special MLA cache formats, in bytes per token.
+#: ``fp8_ds_mla``: DeepSeek's fp8 layout (512 fp8 latent values, 4 fp32
+#: scales and 64 bf16 rope values = 656 bytes).
+CACHE_DTYPE_BYTES_PER_TOKEN: Final[dict[str, int]] = {"fp8_ds_mla": 656}
+
+
+@attrs.frozen(kw_only=True)
+class MLAAttentionSpec(AttentionSpec):
+    """A layer caching one latent vector per token (DeepSeek-style MLA).
+
+    Keys and values are reconstructed from the latent, so there is no
+    separate value vector (``head_size_v`` defaults to 0) and usually a single
+    "head" whose width is the latent size (e.g. 512 LoRA rank + 64 rope =
+    576).
+
+    Attributes:
+        cache_dtype_str: A packed cache format whose per-token size is fixed
+            (see :data:`CACHE_DTYPE_BYTES_PER_TOKEN`), or ``None`` for plain
+            ``dtype`` elements.
+    """
+
+    kind: ClassVar[str] = "mla_attention"
+
+    num_kv_heads: int = attrs.field(default=1, validator=positive_int)
+    head_size_v: int = attrs.field(default=0, validator=non_negative_int)
+    cache_dtype_str: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (
+            self.cache_dtype_str is not None
+            and self.cache_dtype_str not in CACHE_DTYPE_BYTES_PER_TOKEN
+        ):
+            known = ", ".join(sorted(CACHE_DTYPE_BYTES_PER_TOKEN))
+            msg = (
+                f"MLAAttentionSpec.cache_dtype_str {self.cache_dtype_str!r} is unknown; "
+                f"known packed formats: {known} (or None for plain dtype elements)"
+            )
+            raise InvalidSpecError(msg)
+        super().__attrs_post_init__()
+
+    @property
+    def bytes_per_token(self) -> int:
+        """The packed record size, or ``heads × (head_size + head_size_v) × dtype``."""
+        if self.cache_dtype_str is not None:
+            return CACHE_DTYPE_BYTES_PER_TOKEN[self.cache_dtype_str]
+        return super().bytes_per_token
+
+    def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
+        """One page per block of a ``max_model_len``-token request."""
+        return self.pages_for_tokens(limits.max_model_len) * self.page_size_bytes

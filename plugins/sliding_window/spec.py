@@ -1,0 +1,33 @@
+"""The sliding-window attention spec."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from kvcore.specs import AttentionSpec, TokenLimits, cdiv, positive_int
+
+__all__ = ["SlidingWindowSpec"]
+
+
+@attrs.frozen(kw_only=True)
+class SlidingWindowSpec(AttentionSpec):
+    """A layer whose tokens attend to the last ``sliding_window`` tokens only.
+
+    Attributes:
+        sliding_window: Tokens a query attends to, itself included (>= 1).
+    """
+
+    kind: ClassVar[str] = "sliding_window"
+
+    sliding_window: int = attrs.field(validator=positive_int)
+
+    def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
+        """The window plus one step of new tokens (capped), plus one partial block.
+
+        A window that starts mid-block spans one block more than its length
+        needs, hence the extra block.
+        """
+        num_tokens = min(self.sliding_window - 1 + limits.batched_tokens, limits.max_model_len)
+        return (cdiv(num_tokens, self.block_size) + 1) * self.page_size_bytes
