@@ -1,0 +1,301 @@
+"""Test helpers for kvcore and its plugins: invariant checks and a random driver.
+
+Opt-in: import it from your tests (``from kvcore.testing import
+RandomWorkload``); it is not a pytest plugin and has no side effects.
+
+:func:`check_manager_invariants` verifies, after any operation, the invariants
+every manager and pool must keep (see :doc:`/explanation/architecture`).
+:class:`RandomWorkload` drives a :class:`~kvcore.KVCacheManager` through random
+admissions (with cache lookups and chunked prefill), decode steps with
+lookahead slots, preemptions, finishes and prefix-cache resets, and checks the
+invariants after each operation, plus the per-operation ones: an allocation
+takes exactly the blocks it predicted, a refused allocation changes nothing,
+and a hit is aligned and shorter than the prompt.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+
+import attrs
+
+from kvcore._kv_cache_manager import KVCacheManager
+from kvcore._request import Request
+
+__all__ = ["RandomWorkload", "WorkloadStats", "check_manager_invariants", "snapshot"]
+
+
+def check_manager_invariants(manager: KVCacheManager) -> None:
+    """Check the pool's and the managers' bookkeeping against each other.
+
+    * the pool's own invariants (:meth:`~kvcore.BlockPool.check_invariants`);
+    * every block's reference count equals the number of block tables (over
+      all requests and groups) holding it, plus one if it is reserved;
+    * free + held (counted once) + reserved + the null block = pool size;
+    * each manager's cached-block count never exceeds its table length.
+
+    Raises:
+        AssertionError: naming the violated invariant.
+    """
+    pool = manager.block_pool
+    pool.check_invariants()
+    holders: Counter[int] = Counter()
+    for group in manager.coordinator.managers:
+        for request_id, table in group.req_to_blocks.items():
+            holders.update(block for block in table if block)
+            cached = group.num_cached_block.get(request_id, 0)
+            if cached > len(table):
+                msg = f"group {group.kv_cache_group_id}: {request_id!r} cached {cached} > table"
+                raise AssertionError(msg)
+    reserved = set(pool._reserved)
+    for block in range(1, pool.num_blocks):
+        expected = holders.get(block, 0) + (block in reserved)
+        if pool.ref_count(block) != expected:
+            msg = (
+                f"block {block}: ref count {pool.ref_count(block)} but held by "
+                f"{holders.get(block, 0)} tables (reserved: {block in reserved})"
+            )
+            raise AssertionError(msg)
+    held = len(holders)
+    total = pool.get_num_free_blocks() + held + len(reserved) + 1
+    if total != pool.num_blocks:
+        msg = (
+            f"free {pool.get_num_free_blocks()} + held {held} + reserved {len(reserved)} "
+            f"+ null 1 = {total}, pool has {pool.num_blocks}"
+        )
+        raise AssertionError(msg)
+
+
+def snapshot(manager: KVCacheManager) -> tuple[object, ...]:
+    """Everything an allocation may change: ref counts, tables, cache marks, queue order."""
+    pool = manager.block_pool
+    tables = tuple(
+        (
+            tuple(sorted((k, tuple(v)) for k, v in group.req_to_blocks.items())),
+            tuple(sorted(group.num_cached_block.items())),
+        )
+        for group in manager.coordinator.managers
+    )
+    return (tuple(pool._ref), tuple(pool.free_block_ids()), tuple(pool._hash), tables)
+
+
+@attrs.define
+class WorkloadStats:
+    """What a :class:`RandomWorkload` run did (to check it exercised every path)."""
+
+    admitted: int = 0
+    refused_admissions: int = 0
+    decodes: int = 0
+    refused_decodes: int = 0
+    preemptions: int = 0
+    finished: int = 0
+    hit_tokens: int = 0
+    resets: int = 0
+
+
+class RandomWorkload:
+    """Random engine-like traffic against a manager, checking invariants as it goes.
+
+    Prompts are built from a few shared prefixes so that cache hits, revivals
+    of freed cached blocks and evictions all happen.
+
+    Args:
+        manager: The manager under test.
+        seed: Seed of the random generator (runs are reproducible).
+        max_running: Most requests holding blocks at once.
+        prompt_lengths: Range of prompt lengths, in tokens.
+        max_output: Most decode tokens per request.
+        num_encoder_tokens: Encoder tokens per request (for cross attention).
+        max_lookahead: Most lookahead slots asked for per decode step.
+        check_every: Run the full (O(pool size)) invariant check every this
+            many operations; the per-operation checks always run.
+    """
+
+    def __init__(
+        self,
+        manager: KVCacheManager,
+        *,
+        seed: int = 0,
+        max_running: int = 6,
+        prompt_lengths: tuple[int, int] = (1, 120),
+        max_output: int = 40,
+        num_encoder_tokens: int = 0,
+        max_lookahead: int = 2,
+        check_every: int = 1,
+    ) -> None:
+        self.manager = manager
+        self.rng = random.Random(seed)
+        self.max_running = max_running
+        self.prompt_lengths = prompt_lengths
+        self.max_output = max_output
+        self.num_encoder_tokens = num_encoder_tokens
+        self.max_lookahead = max_lookahead
+        self.check_every = check_every
+        self.stats = WorkloadStats()
+        self._prefixes = [
+            [self.rng.randrange(1, 50) for _ in range(self.rng.randrange(8, 100))]
+            for _ in range(4)
+        ]
+        self._running: list[Request] = []
+        self._waiting: list[Request] = []
+        self._targets: dict[str, int] = {}
+        self._next_id = 0
+        self._ops = 0
+        coordinator = manager.coordinator
+        self._alignment = getattr(
+            coordinator, "alignment_tokens", coordinator.managers[0].block_size
+            if coordinator.managers else 1
+        )
+
+    def _new_request(self) -> Request:
+        rng = self.rng
+        low, high = self.prompt_lengths
+        length = rng.randint(low, min(high, self.manager.max_model_len - 1))
+        tokens: list[int] = []
+        if rng.random() < 0.8:
+            tokens = list(rng.choice(self._prefixes))[:length]
+        tokens += [rng.randrange(1, 50) for _ in range(length - len(tokens))]
+        request_id = f"r{self._next_id}"
+        self._next_id += 1
+        request = Request(request_id, tokens)
+        room = self.manager.max_model_len - request.num_tokens
+        self._targets[request_id] = rng.randint(0, min(self.max_output, room))
+        return request
+
+    def _checked_allocate(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_hit: int = 0,
+        hit: object = None,
+        num_lookahead: int = 0,
+    ) -> bool:
+        manager = self.manager
+        num_computed = request.num_computed_tokens + num_hit
+        manager.remove_skipped_blocks(request.request_id, num_computed)
+        need = min(num_computed + num_new_tokens + num_lookahead, manager.max_model_len)
+        hits = hit.blocks if hit is not None else manager.empty_kv_cache_blocks.blocks  # type: ignore[attr-defined]
+        predicted = manager.coordinator.get_num_blocks_to_allocate(
+            request.request_id, need, hits, self.num_encoder_tokens, num_computed
+        )
+        before = snapshot(manager)
+        free_before = manager.num_free_blocks
+        result = manager.allocate_slots(
+            request,
+            num_new_tokens,
+            num_hit,
+            hit,  # type: ignore[arg-type]
+            num_lookahead_tokens=num_lookahead,
+            num_encoder_tokens=self.num_encoder_tokens,
+        )
+        if result is None:
+            if predicted <= free_before:
+                msg = f"allocation refused although {predicted} <= {free_before} free"
+                raise AssertionError(msg)
+            if snapshot(manager) != before:
+                msg = f"refused allocation of {request.request_id!r} changed state"
+                raise AssertionError(msg)
+            return False
+        taken = free_before - manager.num_free_blocks
+        if taken != predicted:
+            msg = f"allocation of {request.request_id!r} predicted {predicted} blocks, took {taken}"
+            raise AssertionError(msg)
+        return True
+
+    def _admit(self) -> None:
+        manager = self.manager
+        if self._waiting and self.rng.random() < 0.5:
+            request = self._waiting[0]
+        else:
+            request = self._new_request()
+            self._waiting.append(request)
+        hit, num_hit = manager.get_computed_blocks(request)
+        if num_hit % self._alignment or num_hit > request.num_tokens - 1:
+            msg = f"hit of {num_hit} tokens for a {request.num_tokens}-token request"
+            raise AssertionError(msg)
+        remaining = request.num_tokens - num_hit
+        chunk = remaining if self.rng.random() < 0.5 else self.rng.randint(1, remaining)
+        if self._checked_allocate(request, chunk, num_hit, hit):
+            self.stats.admitted += 1
+            self.stats.hit_tokens += num_hit
+            request.num_computed_tokens = num_hit + chunk
+            self._waiting.remove(request)
+            self._running.append(request)
+        else:
+            self.stats.refused_admissions += 1
+
+    def _step(self, request: Request) -> None:
+        rng = self.rng
+        decoding = request.num_computed_tokens >= request.num_tokens
+        if not decoding:  # still prefilling
+            remaining = request.num_tokens - request.num_computed_tokens
+            num_new = rng.randint(1, remaining)
+            lookahead = 0
+        else:
+            if len(request.output_token_ids) >= self._targets[request.request_id]:
+                self.manager.free(request)
+                self._running.remove(request)
+                self.stats.finished += 1
+                return
+            request.append_output_token_ids(rng.randrange(1, 50))
+            num_new = 1
+            room = self.manager.max_model_len - request.num_tokens
+            lookahead = rng.randint(0, min(self.max_lookahead, room))
+        if self._checked_allocate(request, num_new, num_lookahead=lookahead):
+            request.num_computed_tokens += num_new
+            self.stats.decodes += 1
+            return
+        self.stats.refused_decodes += 1
+        if decoding:
+            request._all_token_ids.pop()  # the engine retries this token later
+        victim = self._running.pop()
+        self.manager.free(victim)
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        self._waiting.insert(0, victim)
+        self.stats.preemptions += 1
+
+    def step(self) -> None:
+        """Do one random operation and check the invariants."""
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.25 or not self._running:
+            if len(self._running) < self.max_running:
+                self._admit()
+        elif roll < 0.97:
+            self._step(rng.choice(self._running))
+        elif not self._running and self.manager.reset_prefix_cache():
+            self.stats.resets += 1
+        else:
+            victim = rng.choice(self._running)
+            self.manager.free(victim)
+            self._running.remove(victim)
+            victim.num_computed_tokens = 0
+            victim.num_preemptions += 1
+            self._waiting.append(victim)
+            self.stats.preemptions += 1
+        self._ops += 1
+        if self._ops % self.check_every == 0:
+            check_manager_invariants(self.manager)
+
+    def run(self, num_ops: int) -> WorkloadStats:
+        """Do ``num_ops`` operations, then finish every request; return the stats."""
+        for _ in range(num_ops):
+            self.step()
+        for request in list(self._running):
+            self.manager.free(request)
+        self._running.clear()
+        check_manager_invariants(self.manager)
+        if self.manager.num_free_blocks + 1 + self.manager.block_pool.num_reserved_blocks != (
+            self.manager.block_pool.num_blocks
+        ):
+            msg = "blocks leaked: not every block is free after all requests finished"
+            raise AssertionError(msg)
+        return self.stats
+
+    @property
+    def running(self) -> Sequence[Request]:
+        """The requests currently holding blocks."""
+        return tuple(self._running)

@@ -1,0 +1,169 @@
+"""The block pool: null block, cache map with duplicates, eviction, reset, errors."""
+
+from __future__ import annotations
+
+import pytest
+
+import kvcore
+from kvcore import BlockPool, Request
+from kvcore.errors import DoubleFreeError, InvalidConfigError, OutOfBlocksError
+
+
+def cached_request(tokens: list[int], block_size: int) -> Request:
+    request = Request("r", tokens)
+    kvcore.BlockHasher(block_size).update(request)
+    return request
+
+
+def test_new_pool_reserves_the_null_block():
+    pool = BlockPool(10)
+    assert pool.null_block == 0
+    assert pool.get_num_free_blocks() == 9
+    assert pool.get_usage() == 0.0
+    assert pool.get_new_blocks(3) == [1, 2, 3]
+    assert pool.get_usage() == pytest.approx(3 / 9)
+    pool.check_invariants()
+
+
+def test_a_pool_of_only_the_null_block_has_zero_usage():
+    pool = BlockPool(1)
+    assert pool.get_num_free_blocks() == 0
+    assert pool.get_usage() == 0.0
+
+
+@pytest.mark.parametrize("num_blocks", [0, -3, 2.5, True])
+def test_invalid_pool_sizes_are_rejected(num_blocks):
+    with pytest.raises(InvalidConfigError, match="num_blocks must be an integer >= 1"):
+        BlockPool(num_blocks)
+
+
+def test_cache_full_blocks_skips_null_blocks_and_counts_entries():
+    # Scenario 28: block size 4, 14 tokens; cache blocks 0-1, then block 2.
+    pool = BlockPool(10)
+    request = cached_request(list(range(14)), 4)
+    blocks = pool.get_new_blocks(4)
+    pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
+    assert pool.num_cached_blocks() == 2
+    pool.cache_full_blocks(request, blocks, 2, 3, 4, 0)
+    assert pool.num_cached_blocks() == 3
+    # A null block in the range is not cached.
+    other = pool.get_new_blocks(2)
+    pool.cache_full_blocks(request, [other[0], 0, other[1]], 0, 3, 4, 0)
+    assert pool.block_hash(other[0]) == request.block_hashes[0]
+    assert pool.block_hash(other[1]) == request.block_hashes[2]
+    assert pool.block_hash(0) is None
+    pool.check_invariants()
+
+
+def test_lookups_need_every_group():
+    # Scenario 29: group 0 caches 2 blocks, group 1 caches 3.
+    pool = BlockPool(10, num_groups=2)
+    request = cached_request(list(range(14)), 4)
+    h = request.block_hashes
+    group0 = pool.get_new_blocks(3)
+    group1 = pool.get_new_blocks(3)
+    pool.cache_full_blocks(request, group0, 0, 2, 4, 0)
+    pool.cache_full_blocks(request, group1, 0, 3, 4, 1)
+    assert pool.num_cached_blocks() == 5
+    assert pool.get_cached_block(h[2], [0]) is None
+    assert pool.get_cached_block(h[2], [1]) == [group1[2]]
+    assert pool.get_cached_block(h[0], [0, 1]) == [group0[0], group1[0]]
+    assert pool.get_cached_block(h[2], [0, 1]) is None
+    assert pool.match_prefix(h, 0, 3, [0, 1]) == ([group0[0], group0[1]], [group1[0], group1[1]])
+
+
+def test_identical_blocks_are_not_deduplicated_and_the_first_wins():
+    pool = BlockPool(10)
+    request = cached_request(list(range(8)), 4)
+    first = pool.get_new_blocks(2)
+    second = pool.get_new_blocks(2)
+    pool.cache_full_blocks(request, first, 0, 2, 4, 0)
+    pool.cache_full_blocks(request, second, 0, 2, 4, 0)
+    h0 = request.block_hashes[0]
+    assert pool.get_cached_block(h0, [0]) == [first[0]]
+    # Evicting the first copy promotes the second.
+    pool.evict_blocks([first[0]])
+    assert pool.get_cached_block(h0, [0]) == [second[0]]
+    pool.evict_blocks([second[0]])
+    assert pool.get_cached_block(h0, [0]) is None
+    # Evicting a duplicate that is not the primary leaves the primary alone.
+    pool.evict_blocks([second[1]])
+    assert pool.get_cached_block(request.block_hashes[1], [0]) == [first[1]]
+    pool.check_invariants()
+
+
+def test_taking_a_free_cached_block_evicts_it():
+    # Scenario 23: 2 blocks; cache a 16-token request, free it; a new request gets
+    # block 1 back with its hash reset.
+    pool = BlockPool(2)
+    request = cached_request([7] * 16, 16)
+    (block,) = pool.get_new_blocks(1)
+    pool.cache_full_blocks(request, [block], 0, 1, 16, 0)
+    pool.free_blocks([block])
+    assert pool.get_cached_block(request.block_hashes[0], [0]) == [block]
+    assert pool.get_new_blocks(1) == [block]
+    assert pool.block_hash(block) is None
+    assert pool.get_cached_block(request.block_hashes[0], [0]) is None
+
+
+def test_touch_revives_free_blocks_and_skips_the_null_block():
+    pool = BlockPool(6)
+    blocks = pool.get_new_blocks(3)
+    pool.free_blocks(blocks[::-1])
+    assert pool.free_block_ids() == [4, 5, 3, 2, 1]
+    pool.touch([0, 2, 2])
+    assert pool.ref_count(2) == 2
+    assert pool.free_block_ids() == [4, 5, 3, 1]
+    pool.check_invariants()
+
+
+def test_double_free_is_refused_and_changes_nothing():
+    pool = BlockPool(6)
+    blocks = pool.get_new_blocks(3)
+    pool.free_blocks([blocks[2]])
+    order = pool.free_block_ids()
+    with pytest.raises(DoubleFreeError, match="block 3 was freed more often than it was"):
+        pool.free_blocks([blocks[0], blocks[1], blocks[2]])
+    assert [pool.ref_count(b) for b in blocks] == [1, 1, 0]
+    assert pool.free_block_ids() == order
+    pool.check_invariants()
+
+
+def test_asking_for_too_many_blocks_raises():
+    pool = BlockPool(4)
+    with pytest.raises(OutOfBlocksError, match="cannot take 4 blocks: only 3 are free"):
+        pool.get_new_blocks(4)
+    assert pool.get_num_free_blocks() == 3
+
+
+def test_reserved_blocks_leave_circulation():
+    pool = BlockPool(6)
+    assert pool.reserve_blocks(2) == [1, 2]
+    assert pool.num_reserved_blocks == 2
+    assert pool.get_num_free_blocks() == 3
+    pool.check_invariants()
+    # The cache can be reset although reserved blocks are "in use".
+    assert pool.reset_prefix_cache()
+
+
+def test_reset_prefix_cache_only_when_nothing_is_in_use():
+    pool = BlockPool(6, enable_kv_cache_events=True)
+    request = cached_request(list(range(8)), 4)
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
+    pool.take_events()
+    assert not pool.reset_prefix_cache()
+    assert pool.num_cached_blocks() == 2
+    assert pool.take_events() == []
+    pool.free_blocks(blocks[::-1])
+    assert pool.reset_prefix_cache()
+    assert pool.num_cached_blocks() == 0
+    assert pool.get_cached_block(request.block_hashes[0], [0]) is None
+    assert pool.take_events() == [kvcore.AllBlocksCleared()]
+    pool.check_invariants()
+
+
+def test_evict_blocks_rejects_foreign_ids():
+    pool = BlockPool(4)
+    with pytest.raises(InvalidConfigError, match="block id 9 is not in this pool"):
+        pool.evict_blocks([9])
