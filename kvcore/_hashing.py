@@ -146,6 +146,8 @@ class BlockHasher:
             InvalidConfigError: the request was hashed before with another
                 block size or algorithm (it belongs to another manager).
         """
+        if request._hash_key is not self._key:
+            self._claim(request)
         hashes = request.block_hashes
         tokens = request._all_token_ids
         size = self.block_size
@@ -153,16 +155,6 @@ class BlockHasher:
         num_new = (len(tokens) - start) // size
         if num_new <= 0:
             return
-        if request._hash_key != self._key:
-            if request._hash_key is not None:
-                bs, algo = request._hash_key  # type: ignore[misc]
-                msg = (
-                    f"request {request.request_id!r} was hashed with block size {bs} and "
-                    f"{algo!r}, but this manager hashes with block size {size} and "
-                    f"{self.algorithm!r}; a Request belongs to one KVCacheManager"
-                )
-                raise InvalidConfigError(msg)
-            request._hash_key = self._key
         end = start + num_new * size
         if request.needs_extra_hash_keys:
             self._extend_with_extra_keys(request, start, end)
@@ -180,6 +172,17 @@ class BlockHasher:
             for offset in range(start, end, size):
                 parent = hash((parent, tuple(tokens[offset : offset + size])))
                 append(parent)
+
+    def _claim(self, request: Request) -> None:
+        if request._hash_key is not None and request._hash_key != self._key:
+            bs, algo = request._hash_key  # type: ignore[misc]
+            msg = (
+                f"request {request.request_id!r} was hashed with block size {bs} and "
+                f"{algo!r}, but this manager hashes with block size {self.block_size} and "
+                f"{self.algorithm!r}; a Request belongs to one KVCacheManager"
+            )
+            raise InvalidConfigError(msg)
+        request._hash_key = self._key
 
     def _extend_with_extra_keys(self, request: Request, start: int, end: int) -> None:
         hashes = request.block_hashes

@@ -21,10 +21,35 @@ from collections.abc import Sequence
 
 import attrs
 
-from kvcore._kv_cache_manager import KVCacheManager
+from kvcore._kv_cache_manager import KVCacheBlocks, KVCacheManager
 from kvcore._request import Request
 
-__all__ = ["RandomWorkload", "WorkloadStats", "check_manager_invariants", "snapshot"]
+__all__ = ["RandomWorkload", "WorkloadStats", "admit", "check_manager_invariants", "snapshot"]
+
+
+def admit(
+    manager: KVCacheManager, request: Request, **allocate_kwargs: object
+) -> tuple[KVCacheBlocks | None, int]:
+    """Admit a waiting request as a scheduler does, in one step.
+
+    Looks the prompt up in the prefix cache, allocates slots for the rest of
+    it, and on success marks every token computed (as after the prefill).
+
+    Returns:
+        The newly allocated blocks (``None`` if the pool refused), and the
+        number of cache-hit tokens.
+    """
+    hit, num_hit = manager.get_computed_blocks(request)
+    blocks = manager.allocate_slots(
+        request,
+        request.num_tokens - num_hit,
+        num_hit,
+        hit,
+        **allocate_kwargs,  # type: ignore[arg-type]
+    )
+    if blocks is not None:
+        request.num_computed_tokens = request.num_tokens
+    return blocks, num_hit
 
 
 def check_manager_invariants(manager: KVCacheManager) -> None:
@@ -135,8 +160,7 @@ class RandomWorkload:
         self.check_every = check_every
         self.stats = WorkloadStats()
         self._prefixes = [
-            [self.rng.randrange(1, 50) for _ in range(self.rng.randrange(8, 100))]
-            for _ in range(4)
+            [self.rng.randrange(1, 50) for _ in range(self.rng.randrange(8, 100))] for _ in range(4)
         ]
         self._running: list[Request] = []
         self._waiting: list[Request] = []
@@ -145,8 +169,9 @@ class RandomWorkload:
         self._ops = 0
         coordinator = manager.coordinator
         self._alignment = getattr(
-            coordinator, "alignment_tokens", coordinator.managers[0].block_size
-            if coordinator.managers else 1
+            coordinator,
+            "alignment_tokens",
+            coordinator.managers[0].block_size if coordinator.managers else 1,
         )
 
     def _new_request(self) -> Request:

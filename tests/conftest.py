@@ -33,14 +33,3 @@ def make_manager(registry: kvcore.Registry) -> Callable[..., kvcore.KVCacheManag
         return kvcore.KVCacheManager(config, max_model_len, registry=registry, **kwargs)
 
     return make
-
-
-def admit(
-    manager: kvcore.KVCacheManager, request: kvcore.Request, **kwargs: Any
-) -> tuple[kvcore.KVCacheBlocks | None, int]:
-    """Look a request up and allocate its uncached prompt, as a scheduler would."""
-    hit, num_hit = manager.get_computed_blocks(request)
-    blocks = manager.allocate_slots(request, request.num_tokens - num_hit, num_hit, hit, **kwargs)
-    if blocks is not None:
-        request.num_computed_tokens = request.num_tokens
-    return blocks, num_hit
