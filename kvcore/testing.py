@@ -286,13 +286,23 @@ class RandomWorkload:
         """Do one random operation and check the invariants."""
         rng = self.rng
         roll = rng.random()
-        if roll < 0.25 or not self._running:
+        if roll < 0.004:
+            # A weight update: the engine preempts everything, then resets.
+            for victim in self._running:
+                self.manager.free(victim)
+                victim.num_computed_tokens = 0
+                victim.num_preemptions += 1
+                self.stats.preemptions += 1
+            self._waiting[:0] = self._running
+            self._running.clear()
+            self._reset()
+        elif roll < 0.02:
+            self._reset()
+        elif roll < 0.27 or not self._running:
             if len(self._running) < self.max_running:
                 self._admit()
         elif roll < 0.97:
             self._step(rng.choice(self._running))
-        elif not self._running and self.manager.reset_prefix_cache():
-            self.stats.resets += 1
         else:
             victim = rng.choice(self._running)
             self.manager.free(victim)
@@ -304,6 +314,21 @@ class RandomWorkload:
         self._ops += 1
         if self._ops % self.check_every == 0:
             check_manager_invariants(self.manager)
+
+    def _reset(self) -> None:
+        before = snapshot(self.manager)
+        nothing_in_use = not self._running
+        if self.manager.reset_prefix_cache():
+            self.stats.resets += 1
+            if self.manager.block_pool.num_cached_blocks():
+                msg = "reset_prefix_cache succeeded but blocks are still cached"
+                raise AssertionError(msg)
+        elif nothing_in_use:
+            msg = "reset_prefix_cache refused although no request holds a block"
+            raise AssertionError(msg)
+        elif snapshot(self.manager) != before:
+            msg = "a refused reset_prefix_cache changed state"
+            raise AssertionError(msg)
 
     def run(self, num_ops: int) -> WorkloadStats:
         """Do ``num_ops`` operations, then finish every request; return the stats."""
