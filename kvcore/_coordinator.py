@@ -83,7 +83,7 @@ class KVCacheCoordinator:
         self._windowed = tuple(
             m for m in self.managers if type(m).get_num_skipped_tokens is not base_skip
         )
-        self._cacheable = tuple(m for m in self.managers if m.supports_prefix_caching)
+        self._cacheable = tuple(m for m in self.managers if m.is_prefix_cacheable(m.spec))
         self._has_encoder_groups = any(m.allocates_for_encoder for m in self.managers)
 
     def get_num_blocks_to_allocate(
@@ -228,7 +228,7 @@ class HybridCoordinator(KVCacheCoordinator):
         super().__init__(config, registry, **kwargs)
         spec_groups: list[_SpecGroup] = []
         for group_id, manager in enumerate(self.managers):
-            if not manager.supports_prefix_caching:
+            if not manager.is_prefix_cacheable(manager.spec):
                 continue
             for spec_group in spec_groups:
                 if spec_group.spec == manager.spec and spec_group.manager_cls is type(manager):
@@ -291,11 +291,13 @@ class HybridCoordinator(KVCacheCoordinator):
                     alignment,
                 )
                 length = len(hits[0]) * group.block_size
+                if length < candidate:
+                    # A new, shorter candidate: every EAGLE group must check its
+                    # extra block again at this length (a check at a longer
+                    # length says nothing about the block after this one).
+                    eagle_checked.clear()
                 if drop_eagle:
                     eagle_checked.add(index)
-                elif length < candidate:
-                    # A new, shorter candidate: EAGLE groups must re-check it.
-                    eagle_checked.clear()
                 candidate = length
                 for group_id, blocks in zip(group.group_ids, hits, strict=True):
                     hits_by_group[group_id] = blocks
@@ -334,7 +336,7 @@ def hash_block_size_for(config: KVCacheConfig, registry: Registry) -> int:
     sizes = [
         group.kv_cache_spec.block_size
         for group in config.kv_cache_groups
-        if registry.manager_class(group.kv_cache_spec).supports_prefix_caching
+        if registry.manager_class(group.kv_cache_spec).is_prefix_cacheable(group.kv_cache_spec)
     ]
     if not sizes:
         sizes = [group.kv_cache_spec.block_size for group in config.kv_cache_groups]
@@ -351,23 +353,35 @@ def make_coordinator(
 ) -> KVCacheCoordinator:
     """Pick and build the coordinator for ``config``.
 
+    Every group's manager class first validates the configuration
+    (:meth:`~kvcore.managers.SingleTypeManager.validate_config`), so a refused
+    configuration builds nothing.
+
     Raises:
         UnknownSpecError: a group's spec has no manager in ``registry``.
-        InvalidConfigError: prefix caching is asked for a config containing a
-            type that can never be cached (its KV depends on per-request input).
+        InvalidConfigError: a manager class refuses the configuration, or
+            prefix caching is asked for a config containing a group that can
+            never be cached (its KV depends on per-request input).
     """
-    hash_block_size = hash_block_size_for(config, registry)
-    kwargs = {
-        "use_eagle": use_eagle,
-        "enable_kv_cache_events": enable_kv_cache_events,
-        "hash_block_size": hash_block_size,
-    }
-    num_groups = len(config.kv_cache_groups)
+    groups = config.kv_cache_groups
+    specs = [group.kv_cache_spec for group in groups]
+    classes = [registry.manager_class(spec) for spec in specs]
+    cacheable = [cls.is_prefix_cacheable(spec) for cls, spec in zip(classes, specs, strict=True)]
+    num_groups = len(groups)
+    if num_groups == 1 or not any(cacheable):
+        alignments = [spec.block_size for spec in specs]
+    else:
+        alignment = math.lcm(*(s.block_size for s, c in zip(specs, cacheable, strict=True) if c))
+        alignments = [alignment] * num_groups
+    for cls, spec, alignment in zip(classes, specs, alignments, strict=True):
+        cls.validate_config(
+            spec, enable_caching=enable_caching, use_eagle=use_eagle, alignment_tokens=alignment
+        )
     if enable_caching:
         uncacheable = [
-            f"group {i} ({type(group.kv_cache_spec).__name__})"
-            for i, group in enumerate(config.kv_cache_groups)
-            if not registry.manager_class(group.kv_cache_spec).supports_prefix_caching
+            f"group {i} ({type(spec).__name__}, managed by {cls.__name__})"
+            for i, (cls, spec, ok) in enumerate(zip(classes, specs, cacheable, strict=True))
+            if not ok
         ]
         if uncacheable:
             msg = (
@@ -375,8 +389,14 @@ def make_coordinator(
                 "cached, and the other groups' KV depends on it; pass enable_caching=False"
             )
             raise InvalidConfigError(msg)
+    hash_block_size = hash_block_size_for(config, registry)
+    kwargs: dict[str, Any] = {
+        "use_eagle": use_eagle,
+        "enable_kv_cache_events": enable_kv_cache_events,
+        "hash_block_size": hash_block_size,
+    }
     if not enable_caching or num_groups == 0:
-        return NoPrefixCacheCoordinator(config, registry, enable_caching=False, **kwargs)  # type: ignore[arg-type]
+        return NoPrefixCacheCoordinator(config, registry, enable_caching=False, **kwargs)
     if num_groups == 1:
         return UnitaryCoordinator(config, registry, enable_caching=True, **kwargs)
     return HybridCoordinator(config, registry, enable_caching=True, **kwargs)

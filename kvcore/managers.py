@@ -77,6 +77,48 @@ class SingleTypeManager(Generic[SpecT]):
     #: coordinator does not look one block further for it.
     eagle_drops_last_block: ClassVar[bool] = True
 
+    @classmethod
+    def is_prefix_cacheable(cls, spec: SpecT) -> bool:
+        """Whether groups of ``spec`` take part in prefix caching.
+
+        Consulted once, when the coordinator is built: a group that is not
+        cacheable is never looked up nor cached, and prefix caching cannot be
+        enabled for a config containing it. The default is the class's
+        :attr:`supports_prefix_caching`; a type whose cacheability depends on
+        a spec field (e.g. a Mamba cache mode) overrides this.
+
+        Args:
+            spec: The group's spec.
+        """
+        return cls.supports_prefix_caching
+
+    @classmethod
+    def validate_config(
+        cls,
+        spec: SpecT,
+        *,
+        enable_caching: bool,
+        use_eagle: bool,
+        alignment_tokens: int,
+    ) -> None:
+        """Reject a configuration this type cannot serve, before anything is built.
+
+        Called once per group by the coordinator factory, before the block
+        pool and the managers exist, so a refused configuration leaves nothing
+        behind. The default accepts everything.
+
+        Args:
+            spec: The group's spec.
+            enable_caching: Prefix caching is on.
+            use_eagle: EAGLE speculative decoding is on.
+            alignment_tokens: Hit lengths will be multiples of this many
+                tokens (the least common multiple of the prefix-cached groups'
+                block sizes; the group's block size for a single group).
+
+        Raises:
+            InvalidConfigError: naming the spec field or option to change.
+        """
+
     def __init__(
         self,
         spec: SpecT,

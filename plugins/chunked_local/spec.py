@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import ClassVar
 
 import attrs
 
 from kvcore.errors import InvalidSpecError
-from kvcore.specs import AttentionSpec, TokenLimits, cdiv, positive_int
+from kvcore.specs import AttentionSpec, FallbackRole, TokenLimits, cdiv, positive_int
+from kvcore_plugins.full_attention.spec import FullAttentionSpec
 
 __all__ = ["ChunkedLocalAttentionSpec"]
 
@@ -43,3 +45,26 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         """One chunk plus one step of new tokens, capped at ``max_model_len``."""
         num_tokens = min(self.attention_chunk_size + limits.batched_tokens, limits.max_model_len)
         return cdiv(num_tokens, self.block_size) * self.page_size_bytes
+
+    # The reference engine never promotes chunked layers to make pages fit.
+    full_allocation_fallback: ClassVar[FallbackRole] = "blocks"
+
+    @property
+    def uniform_type_key(self) -> Hashable:
+        """Layers share token slots only with the same chunk size."""
+        return (type(self), self.attention_chunk_size)
+
+    def as_full_attention(self, block_size: int) -> FullAttentionSpec:
+        """Full attention recording this chunk size; a padded page keeps its padding."""
+        padded = self.page_size_padded
+        if padded is not None:
+            padded = max(padded, self.bytes_per_token * block_size)
+        return FullAttentionSpec(
+            block_size=block_size,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            head_size_v=self.head_size_v,
+            dtype=self.dtype,
+            page_size_padded=padded,
+            attention_chunk_size=self.attention_chunk_size,
+        )

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import ClassVar
 
 import attrs
 
-from kvcore.specs import AttentionSpec, TokenLimits, non_negative_int
+from kvcore.specs import ALL_TOKENS_KEY, AttentionSpec, FallbackRole, TokenLimits, non_negative_int
 
 __all__ = ["HiddenStateCacheSpec"]
 
@@ -28,3 +29,12 @@ class HiddenStateCacheSpec(AttentionSpec):
     def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
         """One page per block of a ``max_model_len``-token request."""
         return self.pages_for_tokens(limits.max_model_len) * self.page_size_bytes
+
+    attends_to_all_tokens: ClassVar[bool] = True
+    keeps_own_group: ClassVar[bool] = True
+    full_allocation_fallback: ClassVar[FallbackRole] = "blocks"
+
+    @property
+    def uniform_type_key(self) -> Hashable:
+        """Shared with full attention: every token's hidden state is kept."""
+        return ALL_TOKENS_KEY

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar, Literal
 
 import attrs
@@ -12,6 +12,7 @@ from kvcore.errors import InvalidSpecError
 from kvcore.specs import (
     DTYPE_SIZES,
     KVCacheSpec,
+    PagePart,
     TokenLimits,
     cdiv,
     dtype_name,
@@ -137,3 +138,33 @@ class MambaSpec(KVCacheSpec):
             )
             slots += self.num_speculative_blocks
         return slots * self.page_size_bytes
+
+    page_size_follows_block_size: ClassVar[bool] = False
+
+    @property
+    def uniform_type_key(self) -> Hashable:
+        """States share a block table only with the same slot needs and page."""
+        return (
+            type(self),
+            self.mamba_cache_mode,
+            self.num_speculative_blocks,
+            self.page_size_bytes,
+        )
+
+    def grown_to_page(self, page_size: int) -> MambaSpec | None:
+        """Pad the page: a state's size does not follow the block size."""
+        if page_size < self.real_page_size_bytes:
+            return None
+        if page_size == self.page_size_bytes:
+            return self
+        return attrs.evolve(self, page_size_padded=page_size)
+
+    def page_parts(self) -> tuple[PagePart, ...]:
+        """One array per state tensor, in order, packed from the start of the page."""
+        parts = []
+        offset = 0
+        for index, (shape, dtype) in enumerate(zip(self.shapes, self.dtypes, strict=True)):
+            part = PagePart(name=f"state{index}", offset=offset, shape=shape, dtype=dtype)
+            parts.append(part)
+            offset += part.nbytes
+        return tuple(parts)

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import ClassVar, Final
 
 import attrs
 
 from kvcore.errors import InvalidSpecError
-from kvcore.specs import AttentionSpec, TokenLimits, non_negative_int, positive_int
+from kvcore.specs import (
+    ALL_TOKENS_KEY,
+    AttentionSpec,
+    FallbackRole,
+    PagePart,
+    TokenLimits,
+    non_negative_int,
+    positive_int,
+)
 
 __all__ = ["CACHE_DTYPE_BYTES_PER_TOKEN", "MLAAttentionSpec"]
 
@@ -61,3 +70,38 @@ class MLAAttentionSpec(AttentionSpec):
     def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
         """One page per block of a ``max_model_len``-token request."""
         return self.pages_for_tokens(limits.max_model_len) * self.page_size_bytes
+
+    attends_to_all_tokens: ClassVar[bool] = True
+    # MLA kernels (FlashMLA and the like) work on blocks of 64 tokens.
+    kernel_block_alignment: ClassVar[int] = 64
+    full_allocation_fallback: ClassVar[FallbackRole] = "enables"
+
+    @property
+    def uniform_type_key(self) -> Hashable:
+        """Shared with full attention: MLA keeps every token too."""
+        return ALL_TOKENS_KEY
+
+    def grown_to_page(self, page_size: int) -> MLAAttentionSpec | None:
+        """Scale the block size by a whole ratio; never pad.
+
+        MLA kernels index the cache in whole token rows, so a page padded to
+        an arbitrary size cannot be read: a target that is not a multiple of
+        the page is refused.
+        """
+        if page_size % self.page_size_bytes:
+            return None
+        return attrs.evolve(
+            self,
+            block_size=self.block_size * (page_size // self.page_size_bytes),
+            page_size_padded=None
+            if self.page_size_padded is None
+            else self.page_size_padded * (page_size // self.page_size_bytes),
+        )
+
+    def page_parts(self) -> tuple[PagePart, ...]:
+        """The latent rows, ``(block_size, heads, head_size)``; packed formats as raw bytes."""
+        if self.cache_dtype_str is not None:
+            shape = (self.block_size, self.bytes_per_token)
+            return (PagePart(name="latent", offset=0, shape=shape, dtype="uint8"),)
+        shape = (self.block_size, self.num_kv_heads, self.head_size + self.head_size_v)
+        return (PagePart(name="latent", offset=0, shape=shape, dtype=self.dtype),)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import ClassVar
 
 import attrs
@@ -45,3 +46,10 @@ class SinkFullAttentionSpec(AttentionSpec):
     def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
         """One page per block of a ``max_model_len``-token request (sinks excluded)."""
         return self.pages_for_tokens(limits.max_model_len) * self.page_size_bytes
+
+    attends_to_all_tokens: ClassVar[bool] = True
+
+    @property
+    def uniform_type_key(self) -> Hashable:
+        """Not shared with full attention: a group's spec decides whether sinks are reserved."""
+        return (type(self), self.sink_len)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import ClassVar
 
 import attrs
 
-from kvcore.specs import AttentionSpec, TokenLimits, cdiv, positive_int
+from kvcore.specs import AttentionSpec, FallbackRole, TokenLimits, cdiv, positive_int
+from kvcore_plugins.full_attention.spec import FullAttentionSpec
 
 __all__ = ["SlidingWindowSpec"]
 
@@ -31,3 +33,25 @@ class SlidingWindowSpec(AttentionSpec):
         """
         num_tokens = min(self.sliding_window - 1 + limits.batched_tokens, limits.max_model_len)
         return (cdiv(num_tokens, self.block_size) + 1) * self.page_size_bytes
+
+    full_allocation_fallback: ClassVar[FallbackRole] = "promotable"
+
+    @property
+    def uniform_type_key(self) -> Hashable:
+        """Layers share token slots only with the same window."""
+        return (type(self), self.sliding_window)
+
+    def as_full_attention(self, block_size: int) -> FullAttentionSpec:
+        """Full attention recording this window; a padded page keeps its padding ratio."""
+        padded = self.page_size_padded
+        if padded is not None:
+            padded = max(padded, self.bytes_per_token * block_size)
+        return FullAttentionSpec(
+            block_size=block_size,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            head_size_v=self.head_size_v,
+            dtype=self.dtype,
+            page_size_padded=padded,
+            sliding_window=self.sliding_window,
+        )

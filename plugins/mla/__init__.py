@@ -1,0 +1,33 @@
+"""Multi-head latent attention (MLA, DeepSeek style): one latent vector per token.
+
+Keeps
+    Every block of a request until it ends, as full attention. A block's page
+    is ``block_size`` latent vectors (``num_kv_heads × head_size`` elements,
+    no separate value), or ``block_size`` packed records for a packed cache
+    format (``fp8_ds_mla``: 656 bytes per token).
+Frees
+    Nothing before the request ends.
+Hits
+    As full attention: any cached prefix, found left to right.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kvcore
+from kvcore_plugins.mla.manager import MLAAttentionManager
+from kvcore_plugins.mla.spec import CACHE_DTYPE_BYTES_PER_TOKEN, MLAAttentionSpec
+
+__all__ = [
+    "CACHE_DTYPE_BYTES_PER_TOKEN",
+    "MLAAttentionManager",
+    "MLAAttentionSpec",
+    "kvcore_layer_types",
+]
+
+
+@kvcore.hookimpl
+def kvcore_layer_types() -> list[kvcore.LayerType[Any]]:
+    """Register multi-head latent attention."""
+    return [kvcore.LayerType(MLAAttentionSpec, MLAAttentionManager)]

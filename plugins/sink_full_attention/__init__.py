@@ -1,0 +1,29 @@
+"""Full attention with attention sinks: full attention plus ``sink_len`` learned tokens.
+
+Keeps
+    Every block of a request until it ends (as full attention), and, for the
+    whole life of the pool, ``sink_len / block_size`` sink blocks reserved
+    when the manager is built (ids ``1 … k`` on a fresh pool), shared by every
+    request and counted once in the pool's size
+    (:attr:`~kvcore.specs.KVCacheSpec.pool_reserved_blocks`).
+Frees
+    Nothing before the request ends; the sink blocks never.
+Hits
+    As full attention: any cached prefix, found left to right.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kvcore
+from kvcore_plugins.sink_full_attention.manager import SinkFullAttentionManager
+from kvcore_plugins.sink_full_attention.spec import SinkFullAttentionSpec
+
+__all__ = ["SinkFullAttentionManager", "SinkFullAttentionSpec", "kvcore_layer_types"]
+
+
+@kvcore.hookimpl
+def kvcore_layer_types() -> list[kvcore.LayerType[Any]]:
+    """Register full attention with attention sinks."""
+    return [kvcore.LayerType(SinkFullAttentionSpec, SinkFullAttentionManager)]
