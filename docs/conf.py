@@ -40,6 +40,6 @@ nitpick_ignore_regex = [
 ]
 
 
-def setup(app):  # noqa: ANN001, ANN201 - Sphinx's extension signature
+def setup(app):
     """Add the ``:hook:`` cross-reference role used in the hook reference."""
     app.add_crossref_type("hook", "hook", objname="kvcore hook", indextemplate="pair: %s; hook")

@@ -12,7 +12,7 @@ config = kvcore.KVCacheConfig.from_specs(num_blocks=11, specs=[spec])
 manager = kvcore.KVCacheManager(config, max_model_len=4096)
 
 system_prompt = list(range(1000, 1048))  # 48 tokens: three full blocks
-first = kvcore.Request("first", system_prompt + [1, 2, 3, 4, 5, 6, 7])
+first = kvcore.Request("first", [*system_prompt, 1, 2, 3, 4, 5, 6, 7])
 
 # Admission: look the prompt up, then allocate slots for what is not cached.
 hit, num_hit = manager.get_computed_blocks(first)
@@ -21,7 +21,7 @@ print(f"first:  {num_hit:2d} cached tokens, new blocks {new.get_block_ids()}")
 first.num_computed_tokens = first.num_tokens  # the engine ran the prefill
 
 # A second request with the same 48-token prefix reuses its three blocks.
-second = kvcore.Request("second", system_prompt + [9, 9, 9, 9, 9])
+second = kvcore.Request("second", [*system_prompt, 9, 9, 9, 9, 9])
 hit, num_hit = manager.get_computed_blocks(second)
 new = manager.allocate_slots(second, second.num_tokens - num_hit, num_hit, hit)
 print(f"second: {num_hit:2d} cached tokens, new blocks {new.get_block_ids()}")
