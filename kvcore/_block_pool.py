@@ -275,9 +275,21 @@ class BlockPool:
         ref = self._ref
         if self.enable_caching:
             block_hash_of = self._hash
+            group_of = self._group
+            cached = self._cached
+            dups = self._dups
+            events = self.enable_kv_cache_events
             for block in blocks:
-                if block_hash_of[block] is not None:
-                    self._uncache(block)
+                block_hash = block_hash_of[block]
+                if block_hash is not None:
+                    group = group_of[block]
+                    if events or dups[group]:
+                        self._uncache(block)
+                    else:
+                        # The common case inline: the block is the only one
+                        # cached under its hash, and nobody wants an event.
+                        del cached[group][block_hash]
+                        block_hash_of[block] = None
                 ref[block] = 1
         else:
             for block in blocks:
