@@ -1,12 +1,25 @@
-"""Request traces: reading the Mooncake JSONL format into token-level requests.
+"""Request traces: reading JSONL workloads into requests.
 
-A Mooncake trace line describes a request by ``input_length``,
-``output_length``, an arrival ``timestamp`` in milliseconds, and ``hash_ids``:
-one id per 512 prompt tokens, equal ids meaning equal content. The traces carry
-no token ids, so tokens are synthesised deterministically: hash id ``h``
-expands to tokens ``h * 512 + i`` for ``i`` in ``0..511``, cut to
-``input_length``. Equal ids give equal tokens and different ids different
-tokens, so prefix sharing is exactly that of the trace.
+Two line formats are read, told apart per line by their fields:
+
+*Mooncake* (``hash_ids``)
+    ``{"timestamp": 27482, "input_length": 6955, "output_length": 52,
+    "hash_ids": [46, 47, 48, 2353]}``: an arrival time in milliseconds, the
+    prompt and output lengths, and one hash id per 512 prompt tokens, equal
+    ids meaning equal content. The traces carry no token ids, so tokens are
+    synthesised deterministically: hash id ``h`` expands to tokens
+    ``h * 512 + i`` for ``i`` in ``0..511``, cut to ``input_length``. Equal ids
+    give equal tokens and different ids different tokens at every position,
+    so prefix sharing is exactly that of the trace.
+*Explicit tokens* (``prompt_token_ids``)
+    ``{"timestamp": 0, "prompt_token_ids": [1, 2, 3], "output_length": 8}``:
+    the prompt's token ids (integers >= 0) given in full.
+
+Both accept an optional ``request_id`` (default: the line number) and an
+optional ``timestamp`` (default 0); other fields are ignored. Blank lines are
+skipped. A malformed line raises :class:`TraceFormatError` naming the file,
+the line number and the reason, or is skipped and counted when the reader is
+asked to skip bad lines.
 """
 
 from __future__ import annotations
@@ -21,10 +34,14 @@ from kvcore.errors import KVCoreError
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
+    "BadLine",
+    "Trace",
     "TraceFormatError",
     "TraceRequest",
     "mooncake_token_ids",
     "read_mooncake_trace",
+    "read_trace",
+    "trace_request_to_json",
 ]
 
 #: Prompt tokens covered by one Mooncake hash id.
@@ -37,77 +54,250 @@ class TraceFormatError(KVCoreError, ValueError):
 
 @attrs.frozen(kw_only=True)
 class TraceRequest:
-    """One request of a trace.
+    """One request of a workload.
+
+    Exactly one of ``hash_ids`` (Mooncake) and ``token_ids`` (explicit) is
+    set. Prompts of Mooncake requests are not stored: they are synthesised
+    when asked for (:attr:`prompt_token_ids`), so a trace of 150 M prompt
+    tokens costs memory only for the requests being simulated.
 
     Attributes:
         request_id: Unique id (the line number when the trace has none).
         arrival_ms: Arrival time in milliseconds from the start of the trace.
-        prompt_token_ids: The prompt's token ids.
+        input_length: Prompt tokens.
         output_length: Tokens to generate.
+        hash_ids: Mooncake hash ids, one per 512 prompt tokens, or ``None``.
+        token_ids: The prompt's token ids, or ``None``.
     """
 
     request_id: str
     arrival_ms: float
-    prompt_token_ids: tuple[int, ...]
+    input_length: int
     output_length: int
+    hash_ids: tuple[int, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt's token ids (a new list, synthesised for Mooncake requests)."""
+        if self.token_ids is not None:
+            return list(self.token_ids)
+        return mooncake_token_ids(self.hash_ids or (), self.input_length)
 
 
-def mooncake_token_ids(hash_ids: list[int], input_length: int) -> list[int]:
+@attrs.frozen
+class BadLine:
+    """A line a reader skipped.
+
+    Attributes:
+        line_no: 1-based line number.
+        reason: Why the line was rejected.
+    """
+
+    line_no: int
+    reason: str
+
+
+@attrs.define
+class Trace:
+    """The requests read from a file, and the lines skipped.
+
+    Attributes:
+        path: The file read.
+        requests: The requests, in file order.
+        bad_lines: Lines skipped as malformed (only when skipping was asked).
+    """
+
+    path: Path
+    requests: list[TraceRequest]
+    bad_lines: list[BadLine] = attrs.field(factory=list)
+
+
+def mooncake_token_ids(hash_ids: tuple[int, ...] | list[int], input_length: int) -> list[int]:
     """Expand Mooncake hash ids into ``input_length`` deterministic token ids."""
     tokens: list[int] = []
+    extend = tokens.extend
     for hash_id in hash_ids:
         base = hash_id * MOONCAKE_BLOCK_TOKENS
-        tokens.extend(range(base, base + MOONCAKE_BLOCK_TOKENS))
+        extend(range(base, base + MOONCAKE_BLOCK_TOKENS))
         if len(tokens) >= input_length:
             break
-    return tokens[:input_length]
+    del tokens[input_length:]
+    return tokens
 
 
-def _fail(path: Path, line_no: int, reason: str) -> TraceFormatError:
-    return TraceFormatError(f"{path}:{line_no}: {reason}")
+def trace_request_to_json(request: TraceRequest) -> str:
+    """One JSONL line (no newline) that :func:`read_trace` reads back as ``request``."""
+    record: dict[str, object] = {"timestamp": request.arrival_ms}
+    if float(request.arrival_ms).is_integer():
+        record["timestamp"] = int(request.arrival_ms)
+    if request.hash_ids is not None:
+        record["input_length"] = request.input_length
+        record["output_length"] = request.output_length
+        record["hash_ids"] = list(request.hash_ids)
+    else:
+        record["prompt_token_ids"] = list(request.token_ids or ())
+        record["output_length"] = request.output_length
+    record["request_id"] = request.request_id
+    return json.dumps(record, separators=(", ", ": "))
 
 
-def _parse_line(path: Path, line_no: int, text: str) -> TraceRequest:
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _fail(path, line_no, f"not valid JSON ({exc.msg})") from None
+class _BadLineError(Exception):
+    """Internal: a line's reason for rejection, before the file and line are attached."""
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int
+
+
+def _parse_record(record: object, line_no: int) -> TraceRequest:
     if not isinstance(record, dict):
-        raise _fail(path, line_no, "expected a JSON object")
-    for key in ("input_length", "output_length", "hash_ids"):
-        if key not in record:
-            raise _fail(path, line_no, f"missing field {key!r}")
-    input_length = record["input_length"]
+        msg = "expected a JSON object"
+        raise _BadLineError(msg)
+    has_hashes = "hash_ids" in record
+    has_tokens = "prompt_token_ids" in record
+    if has_hashes and has_tokens:
+        msg = "has both 'hash_ids' and 'prompt_token_ids'; give one of the two"
+        raise _BadLineError(msg)
+    if not has_hashes and not has_tokens:
+        msg = "missing field 'hash_ids' (Mooncake format) or 'prompt_token_ids'"
+        raise _BadLineError(msg)
+    if "output_length" not in record:
+        msg = "missing field 'output_length'"
+        raise _BadLineError(msg)
     output_length = record["output_length"]
-    hash_ids = record["hash_ids"]
-    if type(input_length) is not int or input_length <= 0:
-        raise _fail(path, line_no, f"input_length must be a positive integer, got {input_length!r}")
-    if type(output_length) is not int or output_length < 0:
-        raise _fail(path, line_no, f"output_length must be an integer >= 0, got {output_length!r}")
-    if not isinstance(hash_ids, list) or not all(type(h) is int and h >= 0 for h in hash_ids):
-        raise _fail(path, line_no, "hash_ids must be a list of integers >= 0")
-    if len(hash_ids) * MOONCAKE_BLOCK_TOKENS < input_length:
-        raise _fail(
-            path,
-            line_no,
-            f"{len(hash_ids)} hash_ids cover {len(hash_ids) * MOONCAKE_BLOCK_TOKENS} tokens, "
-            f"fewer than input_length={input_length}",
-        )
+    if not _is_int(output_length) or output_length < 0:
+        msg = f"output_length must be an integer >= 0, got {output_length!r}"
+        raise _BadLineError(msg)
     timestamp = record.get("timestamp", 0)
-    if not isinstance(timestamp, int | float) or timestamp < 0:
-        raise _fail(path, line_no, f"timestamp must be a number >= 0, got {timestamp!r}")
+    if type(timestamp) not in (int, float) or not timestamp >= 0 or timestamp == float("inf"):
+        msg = f"timestamp must be a finite number >= 0 (milliseconds), got {timestamp!r}"
+        raise _BadLineError(msg)
+    request_id = record.get("request_id", line_no)
+    if not isinstance(request_id, str | int) or isinstance(request_id, bool):
+        msg = f"request_id must be a string or an integer, got {request_id!r}"
+        raise _BadLineError(msg)
+    if has_hashes:
+        if "input_length" not in record:
+            msg = "missing field 'input_length'"
+            raise _BadLineError(msg)
+        input_length = record["input_length"]
+        hash_ids = record["hash_ids"]
+        if not _is_int(input_length) or input_length <= 0:
+            msg = f"input_length must be a positive integer, got {input_length!r}"
+            raise _BadLineError(msg)
+        if not isinstance(hash_ids, list) or not all(_is_int(h) and h >= 0 for h in hash_ids):
+            msg = "hash_ids must be a list of integers >= 0"
+            raise _BadLineError(msg)
+        covered = len(hash_ids) * MOONCAKE_BLOCK_TOKENS
+        if covered < input_length:
+            msg = (
+                f"{len(hash_ids)} hash_ids cover {covered} tokens, fewer than "
+                f"input_length={input_length}"
+            )
+            raise _BadLineError(msg)
+        needed = -(-input_length // MOONCAKE_BLOCK_TOKENS)
+        return TraceRequest(
+            request_id=str(request_id),
+            arrival_ms=float(timestamp),
+            input_length=input_length,
+            output_length=output_length,
+            hash_ids=tuple(hash_ids[:needed]),
+        )
+    token_ids = record["prompt_token_ids"]
+    if (
+        not isinstance(token_ids, list)
+        or not token_ids
+        or not all(_is_int(t) and t >= 0 for t in token_ids)
+    ):
+        msg = "prompt_token_ids must be a non-empty list of integers >= 0"
+        raise _BadLineError(msg)
+    input_length = record.get("input_length", len(token_ids))
+    if input_length != len(token_ids):
+        msg = f"input_length={input_length!r} but prompt_token_ids has {len(token_ids)} ids"
+        raise _BadLineError(msg)
     return TraceRequest(
-        request_id=str(record.get("request_id", line_no)),
+        request_id=str(request_id),
         arrival_ms=float(timestamp),
-        prompt_token_ids=tuple(mooncake_token_ids(hash_ids, input_length)),
+        input_length=len(token_ids),
         output_length=output_length,
+        token_ids=tuple(token_ids),
     )
 
 
-def read_mooncake_trace(path: str | Path, *, limit: int | None = None) -> Iterator[TraceRequest]:
-    """Yield the requests of a Mooncake-format JSONL trace, in file order.
+def _iter_lines(
+    path: Path, limit: int | None, skip_bad_lines: bool, bad_lines: list[BadLine]
+) -> Iterator[TraceRequest]:
+    if limit is not None and (type(limit) is not int or limit < 1):
+        msg = f"limit must be a positive integer, got {limit!r}"
+        raise TraceFormatError(msg)
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as exc:
+        msg = f"cannot read trace {path}: {exc.strerror or exc}"
+        raise TraceFormatError(msg) from None
+    count = 0
+    seen_ids: set[str] = set()
+    with handle:
+        line_no = 0
+        while True:
+            try:
+                text = handle.readline()
+            except UnicodeDecodeError as exc:
+                msg = f"{path}:{line_no + 1}: not UTF-8 text ({exc.reason})"
+                raise TraceFormatError(msg) from None
+            if not text:
+                return
+            line_no += 1
+            if limit is not None and count >= limit:
+                return
+            if not text.strip():
+                continue
+            try:
+                try:
+                    record = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    msg = f"not valid JSON ({exc.msg} at column {exc.colno})"
+                    raise _BadLineError(msg) from None
+                request = _parse_record(record, line_no)
+                if request.request_id in seen_ids:
+                    msg = f"request_id {request.request_id!r} already used by an earlier line"
+                    raise _BadLineError(msg)
+            except _BadLineError as exc:
+                if not skip_bad_lines:
+                    msg = f"{path}:{line_no}: {exc}; fix the line or pass --skip-bad-lines"
+                    raise TraceFormatError(msg) from None
+                bad_lines.append(BadLine(line_no, str(exc)))
+                continue
+            seen_ids.add(request.request_id)
+            yield request
+            count += 1
 
-    Blank lines are ignored.
+
+def read_trace(
+    path: str | Path, *, limit: int | None = None, skip_bad_lines: bool = False
+) -> Trace:
+    """Read a JSONL workload (Mooncake or explicit-token lines, mixed freely).
+
+    Args:
+        path: The JSONL file.
+        limit: Keep the first ``limit`` good requests (>= 1); ``None`` for all.
+        skip_bad_lines: Skip malformed lines and list them in
+            :attr:`Trace.bad_lines` instead of raising.
+
+    Raises:
+        TraceFormatError: the file cannot be read, or a line is malformed and
+            ``skip_bad_lines`` is off (the message gives file, line number and
+            reason).
+    """
+    path = Path(path)
+    bad_lines: list[BadLine] = []
+    requests = list(_iter_lines(path, limit, skip_bad_lines, bad_lines))
+    return Trace(path=path, requests=requests, bad_lines=bad_lines)
+
+
+def read_mooncake_trace(path: str | Path, *, limit: int | None = None) -> Iterator[TraceRequest]:
+    """Yield the requests of a JSONL trace in file order, stopping at the first bad line.
 
     Args:
         path: The JSONL file.
@@ -117,13 +307,4 @@ def read_mooncake_trace(path: str | Path, *, limit: int | None = None) -> Iterat
         TraceFormatError: a line is malformed (the message gives file, line
             number and reason).
     """
-    path = Path(path)
-    count = 0
-    with path.open(encoding="utf-8") as lines:
-        for line_no, text in enumerate(lines, start=1):
-            if limit is not None and count >= limit:
-                return
-            if not text.strip():
-                continue
-            yield _parse_line(path, line_no, text)
-            count += 1
+    return _iter_lines(Path(path), limit, False, [])

@@ -1,0 +1,87 @@
+"""``--plot``: pool usage and prefix-hit rate over simulated time, as a PNG (matplotlib)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvcore._sim.report import SimulationReport
+from kvcore.errors import KVCoreError
+
+__all__ = ["PlotUnavailableError", "plot_report"]
+
+
+class PlotUnavailableError(KVCoreError, ImportError):
+    """matplotlib, needed for ``--plot``, is not installed."""
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib as mpl
+    except ImportError:
+        msg = "--plot needs matplotlib: pip install 'kvcore[plot]'"
+        raise PlotUnavailableError(msg) from None
+    mpl.use("Agg")  # files only; never open a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_report(report: SimulationReport, path: str | Path) -> None:
+    """Draw usage per group and the hit rate against simulated time into ``path``.
+
+    Top panel: blocks held per KV cache group and by the whole pool, as a
+    share of the pool. Bottom panel: the cumulative prefix-hit rate (first
+    admissions) with the workload's unbounded-cache ceiling, and the running
+    and waiting requests on a second axis.
+
+    Raises:
+        PlotUnavailableError: matplotlib is missing.
+        KVCoreError: the file cannot be written.
+    """
+    plt = _pyplot()
+    data = report.data
+    samples = report.samples
+    usable = data["blocks"]["usable"] or 1
+    times = [s.time_s for s in samples]
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    top.plot(times, [100 * s.used_blocks / usable for s in samples], color="black", label="pool")
+    for group in data["blocks"]["groups"]:
+        index = group["group"]
+        top.plot(
+            times,
+            [100 * s.group_blocks[index] / usable for s in samples],
+            label=f"group {index} ({group['kind']})",
+            linewidth=1,
+        )
+    top.set_ylabel("blocks held (% of pool)")
+    top.set_ylim(0, 105)
+    top.legend(loc="upper left", fontsize="small")
+    top.grid(alpha=0.3)
+    prefix = data["prefix_cache"]
+    bottom.plot(times, [100 * s.hit_rate for s in samples], color="tab:blue", label="hit rate")
+    bottom.axhline(
+        100 * prefix["ceiling_rate"], color="tab:blue", linestyle="--", label="ceiling (final)"
+    )
+    bottom.set_ylabel("prompt tokens hit (%)")
+    bottom.set_ylim(0, 100)
+    bottom.set_xlabel("simulated time (s)")
+    bottom.grid(alpha=0.3)
+    queue = bottom.twinx()
+    queue.plot(
+        times, [s.running for s in samples], color="tab:green", linewidth=0.8, label="running"
+    )
+    queue.plot(times, [s.waiting for s in samples], color="tab:red", linewidth=0.8, label="waiting")
+    queue.set_ylabel("requests")
+    lines = bottom.get_legend_handles_labels()
+    more = queue.get_legend_handles_labels()
+    bottom.legend(lines[0] + more[0], lines[1] + more[1], loc="lower right", fontsize="small")
+    figure.suptitle(f"kvcore simulate {data['model']}: {data['workload']['name']}", fontsize=10)
+    figure.tight_layout()
+    try:
+        figure.savefig(path, dpi=100)
+    except OSError as exc:
+        msg = f"cannot write plot to {path}: {exc.strerror or exc}"
+        raise KVCoreError(msg) from None
+    finally:
+        plt.close(figure)

@@ -1,0 +1,387 @@
+"""A continuous-batching scheduler that drives a :class:`~kvcore.KVCacheManager` like an engine.
+
+Each step, as the reference engine's scheduler does:
+
+1. **Running requests first**, in order: each asks for its remaining
+   tokens (a prefill chunk, or one decode token), capped by what is left
+   of the step's token budget. ``allocate_slots(request, n)`` either gives
+   slots or says no; on no, the *last* running request is preempted (its
+   blocks freed, its computed tokens reset to 0, put at the front of the
+   waiting queue) and the allocation retried, until it succeeds or the
+   request preempted itself.
+2. **Waiting requests**, first come first served, only if nothing was
+   preempted this step and while there is budget and fewer than
+   ``max_num_seqs`` running: ``get_computed_blocks`` finds the cached
+   prefix, then ``allocate_slots(request, n, num_hit, hit_blocks)`` adopts
+   the hit and allocates the first chunk (``n`` = uncached tokens, capped by
+   the budget). If it says no, admission stops for this step (no request
+   overtakes the head of the queue).
+3. **The step runs**: every scheduled request's computed tokens advance by
+   what it was given. A request whose computed tokens reach its length
+   samples one output token (a new token id, unique in the run); a request
+   that has all its output tokens is freed.
+
+A preempted request is recomputed when it is admitted again, prompt and
+output so far; its lookup usually finds its own blocks still cached.
+
+Time: arrivals by timestamp advance a simulated clock by a linear step cost
+(``step_ms`` + ``token_us`` per scheduled token); the clock jumps to the next
+arrival when the engine is idle. With ``arrival="asap"`` every request is
+waiting from the start (the clock still advances, for the time axis).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from kvcore._kv_cache_manager import KVCacheManager
+from kvcore._request import Request
+from kvcore._sim.metrics import OP_KINDS, OpTimes, Sample, Sampler, timer_overhead_ns
+from kvcore._trace import TraceRequest
+from kvcore.errors import InvalidConfigError
+
+__all__ = ["ARRIVAL_MODES", "SchedulerConfig", "SimRequest", "Scheduler", "UnservableRequestError"]
+
+#: How requests enter the waiting queue.
+ARRIVAL_MODES = ("timestamp", "asap")
+
+_LOOKUP, _ADMIT, _PREFILL, _DECODE, _FREE, _PREEMPT = range(len(OP_KINDS))
+
+
+class UnservableRequestError(InvalidConfigError):
+    """A request cannot be scheduled even with the whole pool free."""
+
+
+def _positive_int(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+    if type(value) is not int or value < 1:
+        msg = f"{attribute.name} must be a positive integer, got {value!r}"
+        raise InvalidConfigError(msg)
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
+        msg = f"{attribute.name} must be a number >= 0, got {value!r}"
+        raise InvalidConfigError(msg)
+
+
+def _arrival_mode(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+    if value not in ARRIVAL_MODES:
+        msg = f"arrival must be one of {', '.join(ARRIVAL_MODES)}, got {value!r}"
+        raise InvalidConfigError(msg)
+
+
+@attrs.frozen(kw_only=True)
+class SchedulerConfig:
+    """Scheduler limits and the simulated step cost.
+
+    Attributes:
+        max_num_batched_tokens: Token budget of one step (prefill chunks plus
+            decode tokens).
+        max_num_seqs: Most requests running at once.
+        arrival: ``"timestamp"`` (requests arrive at their trace time) or
+            ``"asap"`` (all waiting from the start).
+        step_ms: Simulated fixed cost of a step, in milliseconds.
+        token_us: Simulated cost per scheduled token, in microseconds.
+    """
+
+    max_num_batched_tokens: int = attrs.field(default=8192, validator=_positive_int)
+    max_num_seqs: int = attrs.field(default=256, validator=_positive_int)
+    arrival: str = attrs.field(default="timestamp", validator=_arrival_mode)
+    step_ms: float = attrs.field(default=5.0, validator=_non_negative)
+    token_us: float = attrs.field(default=20.0, validator=_non_negative)
+
+
+class SimRequest:
+    """A workload request as the scheduler tracks it.
+
+    Attributes:
+        trace: The workload entry.
+        request: The kvcore request (created when first considered for
+            admission, dropped when finished so its tokens can be freed).
+        output_target: Output tokens to produce (capped by ``max_model_len``).
+        num_output: Output tokens produced so far.
+        first_hit: Cache-hit tokens at its first admission (``None`` before).
+        finished: Whether it has finished and been freed.
+    """
+
+    __slots__ = ("finished", "first_hit", "num_output", "output_target", "request", "trace")
+
+    def __init__(self, trace: TraceRequest, output_target: int) -> None:
+        self.trace = trace
+        self.request: Request | None = None
+        self.output_target = output_target
+        self.num_output = 0
+        self.first_hit: int | None = None
+        self.finished = False
+
+
+class Scheduler:
+    """Runs a workload through a manager step by step and records what happened.
+
+    Args:
+        manager: The KV cache manager to drive (fresh, no request allocated).
+        config: Scheduler limits and step cost.
+        requests: The requests to serve, in arrival order, each with a prompt
+            and output that fit ``manager.max_model_len``.
+        sample_capacity: Most usage samples kept (see :class:`Sampler`).
+    """
+
+    def __init__(
+        self,
+        manager: KVCacheManager,
+        config: SchedulerConfig,
+        requests: Sequence[SimRequest],
+        *,
+        sample_capacity: int = 512,
+    ) -> None:
+        self.manager = manager
+        self.config = config
+        self.requests = requests
+        self.pending: deque[SimRequest] = deque(requests)
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.clock_ms = 0.0
+        self.step_count = 0
+        self.num_finished = 0
+        self.op_times = [OpTimes() for _ in OP_KINDS]
+        self.step_manager_ns: list[int] = []
+        self.sampler = Sampler(sample_capacity)
+        self.timer_overhead_ns = timer_overhead_ns()
+        # Preemption accounting.
+        self.num_preemptions = 0
+        self.preempted_ids: set[str] = set()
+        self.lost_tokens = 0  # computed tokens thrown away by preemptions
+        self.resume_hit_tokens = 0  # of those, found again in the cache on resume
+        # First-admission hits, in prompt tokens.
+        self.hit_tokens = 0
+        self.prompt_tokens = 0
+        # Exact per-step pool use and load.
+        pool = manager.block_pool
+        self._pool = pool
+        self.usable_blocks = pool.num_blocks - 1
+        self.peak_used_blocks = 0
+        self.sum_used_blocks = 0
+        self.sum_running = 0
+        self.prefill_steps = 0
+        self.scheduled_tokens = 0
+        self._next_token = -1
+        if config.arrival == "asap":
+            self.waiting.extend(self.pending)
+            self.pending.clear()
+
+    # -- one step ---------------------------------------------------------------------
+
+    def _admit_arrivals(self) -> None:
+        pending = self.pending
+        if not pending:
+            return
+        if not self.running and not self.waiting and pending[0].trace.arrival_ms > self.clock_ms:
+            self.clock_ms = pending[0].trace.arrival_ms  # idle: jump to the next arrival
+        clock_ms = self.clock_ms
+        waiting = self.waiting
+        while pending and pending[0].trace.arrival_ms <= clock_ms:
+            waiting.append(pending.popleft())
+
+    def step(self) -> None:
+        """Schedule and run one step.
+
+        Raises:
+            UnservableRequestError: the head of the queue cannot be admitted
+                although no request is running (the pool is too small for it).
+        """
+        self._admit_arrivals()
+        manager = self.manager
+        allocate = manager.allocate_slots
+        clock = time.perf_counter_ns
+        overhead = self.timer_overhead_ns
+        durations = [t.durations for t in self.op_times]
+        budget = self.config.max_num_batched_tokens
+        running = self.running
+        waiting = self.waiting
+        scheduled: list[tuple[SimRequest, int]] = []
+        step_ns = 0
+        preempted = False
+        index = 0
+        while index < len(running) and budget > 0:
+            entry = running[index]
+            request = entry.request
+            assert request is not None
+            num_new = request.num_tokens - request.num_computed_tokens
+            kind = _DECODE if num_new == 1 and entry.num_output else _PREFILL
+            if num_new > budget:
+                num_new = budget
+            while True:
+                start = clock()
+                blocks = allocate(request, num_new)
+                elapsed = clock() - start - overhead
+                durations[kind].append(elapsed)
+                step_ns += elapsed
+                if blocks is not None:
+                    break
+                victim = running.pop()
+                step_ns += self._preempt(victim, durations[_PREEMPT])
+                preempted = True
+                if victim is entry:
+                    break
+            if blocks is None:
+                break
+            scheduled.append((entry, num_new))
+            budget -= num_new
+            index += 1
+
+        if not preempted:
+            get_computed_blocks = manager.get_computed_blocks
+            max_num_seqs = self.config.max_num_seqs
+            while waiting and budget > 0 and len(running) < max_num_seqs:
+                entry = waiting[0]
+                request = entry.request
+                if request is None:
+                    trace = entry.trace
+                    request = entry.request = Request(trace.request_id, trace.prompt_token_ids)
+                start = clock()
+                hit_blocks, num_hit = get_computed_blocks(request)
+                elapsed = clock() - start - overhead
+                durations[_LOOKUP].append(elapsed)
+                step_ns += elapsed
+                num_new = request.num_tokens - num_hit
+                if num_new > budget:
+                    num_new = budget
+                start = clock()
+                blocks = allocate(request, num_new, num_hit, hit_blocks)
+                elapsed = clock() - start - overhead
+                durations[_ADMIT].append(elapsed)
+                step_ns += elapsed
+                if blocks is None:
+                    break
+                waiting.popleft()
+                running.append(entry)
+                request.num_computed_tokens = num_hit
+                if entry.first_hit is None:
+                    entry.first_hit = num_hit
+                    self.hit_tokens += num_hit
+                    self.prompt_tokens += request.num_tokens
+                else:
+                    self.resume_hit_tokens += num_hit
+                scheduled.append((entry, num_new))
+                budget -= num_new
+
+        if not scheduled:
+            # After a self-preemption the next step retries with the pool to itself.
+            if waiting and not running and not preempted:
+                head = waiting[0]
+                msg = (
+                    f"request {head.trace.request_id!r} ({head.trace.input_length} prompt "
+                    f"tokens) cannot be admitted even with every block free "
+                    f"({self.usable_blocks} blocks); raise --memory or lower --max-model-len"
+                )
+                raise UnservableRequestError(msg)
+            return
+
+        # Run the step: advance computed tokens, sample, finish.
+        free = manager.free
+        num_tokens = 0
+        finished = False
+        has_prefill = False
+        for entry, num_new in scheduled:
+            request = entry.request
+            assert request is not None
+            num_tokens += num_new
+            computed = request.num_computed_tokens + num_new
+            request.num_computed_tokens = computed
+            if num_new > 1:
+                has_prefill = True
+            if computed < request.num_tokens:
+                continue  # a prefill chunk that does not reach the end yet
+            if entry.num_output < entry.output_target:
+                request.append_output_token_ids(self._next_token)
+                self._next_token -= 1
+                entry.num_output += 1
+            if entry.num_output >= entry.output_target:
+                start = clock()
+                free(request)
+                elapsed = clock() - start - overhead
+                durations[_FREE].append(elapsed)
+                step_ns += elapsed
+                entry.finished = True
+                entry.request = None
+                finished = True
+        if finished:
+            self.running = running = [e for e in running if not e.finished]
+            self.num_finished += sum(1 for e, _ in scheduled if e.finished)
+        self.step_count += 1
+        self.step_manager_ns.append(step_ns)
+        self.scheduled_tokens += num_tokens
+        self.prefill_steps += has_prefill
+        config = self.config
+        self.clock_ms += config.step_ms + num_tokens * config.token_us / 1000.0
+        used = self.usable_blocks - self._pool.get_num_free_blocks()
+        self.sum_used_blocks += used
+        if used > self.peak_used_blocks:
+            self.peak_used_blocks = used
+        self.sum_running += len(running)
+        if self.sampler.wants(self.step_count):
+            self.sampler.add(self._sample(used))
+
+    def _preempt(self, victim: SimRequest, durations: object) -> int:
+        request = victim.request
+        assert request is not None
+        clock = time.perf_counter_ns
+        start = clock()
+        self.manager.free(request)
+        elapsed = clock() - start - self.timer_overhead_ns
+        durations.append(elapsed)  # type: ignore[attr-defined]
+        self.lost_tokens += request.num_computed_tokens
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.preempted_ids.add(request.request_id)
+        self.waiting.appendleft(victim)
+        return elapsed
+
+    def _sample(self, used: int) -> Sample:
+        group_blocks = []
+        for group_manager in self.manager.coordinator.managers:
+            held: set[int] = set()
+            for table in group_manager.req_to_blocks.values():
+                held.update(table)
+            held.discard(0)
+            group_blocks.append(len(held))
+        return Sample(
+            step=self.step_count,
+            time_s=self.clock_ms / 1000.0,
+            used_blocks=used,
+            group_blocks=tuple(group_blocks),
+            running=len(self.running),
+            waiting=len(self.waiting),
+            hit_rate=self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+        )
+
+    # -- the whole run ----------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """Whether every request has finished."""
+        return not (self.pending or self.waiting or self.running)
+
+    def run(self, progress: Callable[[Scheduler], None] | None = None) -> None:
+        """Step until every request has finished.
+
+        Args:
+            progress: Called about every 0.2 s of wall time with the scheduler.
+        """
+        step = self.step
+        if progress is None:
+            while not self.done:
+                step()
+            return
+        next_report = time.monotonic()
+        while not self.done:
+            step()
+            if self.step_count & 63 == 0 and time.monotonic() >= next_report:
+                progress(self)
+                next_report = time.monotonic() + 0.2
+        progress(self)

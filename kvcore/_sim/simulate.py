@@ -1,0 +1,224 @@
+"""Plan a model, build a manager, replay a workload through the scheduler, report."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from kvcore._hashing import HASH_ALGORITHMS
+from kvcore._kv_cache_manager import KVCacheManager
+from kvcore._plugin_loader import load_registry
+from kvcore._registry import Registry
+from kvcore._sim._standin_plan import plan as make_plan
+from kvcore._sim.ceiling import prefix_reuse_ceiling
+from kvcore._sim.metrics import OP_KINDS, percentile
+from kvcore._sim.report import SimulationReport
+from kvcore._sim.scheduler import Scheduler, SchedulerConfig, SimRequest
+from kvcore._sim.workload import Workload
+from kvcore.errors import InvalidConfigError
+
+__all__ = ["DEFAULT_MODEL", "SimulationOptions", "simulate"]
+
+#: The model of ``kvcore simulate`` without arguments: hybrid (sliding window + full).
+DEFAULT_MODEL = "gpt-oss-20b"
+
+
+def _hash_algorithm(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+    if value not in HASH_ALGORITHMS:
+        msg = f"hash algorithm must be one of {', '.join(HASH_ALGORITHMS)}, got {value!r}"
+        raise InvalidConfigError(msg)
+
+
+@attrs.frozen(kw_only=True)
+class SimulationOptions:
+    """What to simulate, besides the workload.
+
+    Attributes:
+        model: A shipped model name or a path to a ``config.json``.
+        memory: KV cache memory, e.g. ``"80GiB"``.
+        max_model_len: Longest request (default: the model's).
+        block_size: Tokens per block (default: the planner's choice).
+        hash_algorithm: ``"fast"`` (default: cheaper, fine for simulation) or
+            ``"sha256"`` (what a multi-process engine uses).
+        scheduler: Scheduler limits and step cost.
+    """
+
+    model: str = DEFAULT_MODEL
+    memory: str = "80GiB"
+    max_model_len: int | None = None
+    block_size: int | None = None
+    hash_algorithm: str = attrs.field(default="fast", validator=_hash_algorithm)
+    scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
+
+
+def _group_rows(config: Any, registry: Registry) -> list[dict[str, Any]]:
+    rows = []
+    for group in config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        rows.append(
+            {
+                "kind": spec.kind,
+                "spec": type(spec).__name__,
+                "layers": len(group.layer_names),
+                "block_size": spec.block_size,
+                "page_size_bytes": spec.page_size_bytes,
+                "prefix_cached": registry.manager_class(spec).supports_prefix_caching,
+            }
+        )
+    return rows
+
+
+def simulate(
+    workload: Workload,
+    options: SimulationOptions | None = None,
+    *,
+    registry: Registry | None = None,
+    progress: Callable[[Scheduler], None] | None = None,
+) -> SimulationReport:
+    """Replay ``workload`` on the planned KV cache of ``options.model``.
+
+    Requests whose prompt does not leave room for one output token within
+    ``max_model_len`` are rejected (counted, not replayed), as an engine's
+    input validation would; outputs are capped at ``max_model_len``.
+
+    Args:
+        workload: The requests.
+        options: Model, memory and scheduler (default :class:`SimulationOptions()`).
+        registry: Plugins to serve the groups (default: every installed plugin).
+        progress: Called periodically with the scheduler (progress display).
+
+    Raises:
+        KVCoreError: an unknown model, memory below one ``max_model_len``
+            request, a request the pool cannot hold.
+    """
+    options = options or SimulationOptions()
+    started = time.perf_counter()
+    registry = registry if registry is not None else load_registry()
+    plan = make_plan(
+        options.model,
+        memory=options.memory,
+        max_model_len=options.max_model_len,
+        block_size=options.block_size,
+        registry=registry,
+        max_num_batched_tokens=options.scheduler.max_num_batched_tokens,
+    )
+    config = plan.kv_cache_config
+    max_model_len = plan.max_model_len
+    manager = KVCacheManager(
+        config, max_model_len, registry=registry, hash_algorithm=options.hash_algorithm
+    )
+    groups = _group_rows(config, registry)
+
+    accepted: list[SimRequest] = []
+    rejected = capped = 0
+    for trace in workload.requests:
+        room = max_model_len - trace.input_length
+        if room < 1:
+            rejected += 1
+            continue
+        if trace.output_length > room:
+            capped += 1
+        accepted.append(SimRequest(trace, min(trace.output_length, room)))
+    cacheable = [g["block_size"] for g in groups if g["prefix_cached"]]
+    granularity = math.lcm(*cacheable) if cacheable else 1
+    ceiling = prefix_reuse_ceiling([r.trace for r in accepted], granularity)
+
+    scheduler = Scheduler(manager, options.scheduler, accepted)
+    setup_s = time.perf_counter() - started
+    replay_started = time.perf_counter()
+    scheduler.run(progress)
+    replay_s = time.perf_counter() - replay_started
+
+    op_summaries = {kind: t.summary() for kind, t in zip(OP_KINDS, scheduler.op_times, strict=True)}
+    manager_ns = sum(sum(t.durations) for t in scheduler.op_times)
+    per_step = sorted(scheduler.step_manager_ns)
+    steps = scheduler.step_count
+    samples = tuple(scheduler.sampler.samples)
+    usable = scheduler.usable_blocks
+    group_stats = []
+    for index, group in enumerate(groups):
+        held = [s.group_blocks[index] for s in samples]
+        group_stats.append(
+            {
+                "group": index,
+                "kind": group["kind"],
+                "peak": max(held, default=0),
+                "mean": sum(held) / len(held) if held else 0.0,
+            }
+        )
+    hit_rate = scheduler.hit_tokens / scheduler.prompt_tokens if scheduler.prompt_tokens else 0.0
+    data: dict[str, Any] = {
+        "model": options.model,
+        "workload": {
+            "name": workload.name,
+            "seed": workload.seed,
+            "requests": len(workload.requests),
+            "bad_lines": len(workload.bad_lines),
+            "rejected_too_long": rejected,
+            "output_capped": capped,
+            "prompt_tokens": sum(r.trace.input_length for r in accepted),
+            "output_tokens": sum(r.output_target for r in accepted),
+        },
+        "plan": {
+            "memory": options.memory,
+            "num_blocks": config.num_blocks,
+            "max_model_len": max_model_len,
+            "groups": groups,
+        },
+        "scheduler": {
+            **attrs.asdict(options.scheduler),
+            "hash_algorithm": options.hash_algorithm,
+        },
+        "finished": scheduler.num_finished,
+        "prefix_cache": {
+            "hit_tokens": scheduler.hit_tokens,
+            "prompt_tokens": scheduler.prompt_tokens,
+            "hit_rate": hit_rate,
+            "ceiling_tokens": ceiling.reusable_tokens,
+            "ceiling_rate": ceiling.rate,
+            "ceiling_block_size": granularity,
+            "fraction_of_ceiling": hit_rate / ceiling.rate if ceiling.rate else 1.0,
+        },
+        "preemptions": {
+            "count": scheduler.num_preemptions,
+            "requests": len(scheduler.preempted_ids),
+            "lost_tokens": scheduler.lost_tokens,
+            "resume_hit_tokens": scheduler.resume_hit_tokens,
+        },
+        "blocks": {
+            "usable": usable,
+            "peak": scheduler.peak_used_blocks,
+            "mean": scheduler.sum_used_blocks / steps if steps else 0.0,
+            "peak_usage": scheduler.peak_used_blocks / usable if usable else 0.0,
+            "mean_usage": scheduler.sum_used_blocks / steps / usable if steps and usable else 0.0,
+            "groups": group_stats,
+            "samples": len(samples),
+            "sample_interval_steps": scheduler.sampler.interval,
+        },
+        "steps": {
+            "count": steps,
+            "with_prefill": scheduler.prefill_steps,
+            "scheduled_tokens": scheduler.scheduled_tokens,
+            "simulated_s": scheduler.clock_ms / 1000.0,
+            "mean_running": scheduler.sum_running / steps if steps else 0.0,
+        },
+        "manager": {
+            "total_s": manager_ns / 1e9,
+            "per_step_mean_us": manager_ns / steps / 1e3 if steps else 0.0,
+            "per_step_p50_us": percentile(per_step, 0.50) / 1e3,
+            "per_step_p99_us": percentile(per_step, 0.99) / 1e3,
+            "ops": op_summaries,
+        },
+        "timing": {
+            "total_s": time.perf_counter() - started,
+            "setup_s": setup_s,
+            "replay_s": replay_s,
+            "simulator_overhead_s": replay_s - manager_ns / 1e9,
+            "timer_overhead_ns": scheduler.timer_overhead_ns,
+        },
+    }
+    return SimulationReport(data=data, samples=samples)
