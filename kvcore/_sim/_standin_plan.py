@@ -57,8 +57,11 @@ def plan(
     registry: object = None,
     **_: object,
 ) -> StandinPlan:
-    from kvcore_plugins.full_attention import FullAttentionSpec
+    from kvcore._plugin_loader import load_registry
 
+    registry = registry if registry is not None else load_registry()
+    by_kind = {lt.spec.kind: lt.spec for lt in registry.layer_types}  # type: ignore[attr-defined]
+    FullAttentionSpec = by_kind["full_attention"]
     if model not in _MODELS:
         msg = f"unknown model {model!r}; shipped models: {', '.join(sorted(_MODELS))}"
         raise InvalidConfigError(msg)
@@ -76,5 +79,28 @@ def plan(
             f"{max_model_len} needs {needed}"
         )
         raise InvalidConfigError(msg)
-    config = KVCacheConfig.from_specs(num_blocks, [spec])
+    if model == "gpt-oss-20b":
+        from kvcore._config import KVCacheGroupSpec
+
+        sliding = by_kind["sliding_window"](
+            block_size=block_size,
+            num_kv_heads=heads,
+            head_size=head_size,
+            dtype="bfloat16",
+            sliding_window=128,
+        )
+        num_blocks = _bytes(memory) // (spec.page_size_bytes * layers // 2)
+        config = KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_groups=(
+                KVCacheGroupSpec(
+                    layer_names=[f"l{i}" for i in range(1, layers, 2)], kv_cache_spec=spec
+                ),
+                KVCacheGroupSpec(
+                    layer_names=[f"l{i}" for i in range(0, layers, 2)], kv_cache_spec=sliding
+                ),
+            ),
+        )
+    else:
+        config = KVCacheConfig.from_specs(num_blocks, [spec])
     return StandinPlan(config, max_model_len, num_blocks)
