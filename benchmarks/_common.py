@@ -44,6 +44,25 @@ def import_vllm() -> Any | None:
     return ns
 
 
+def best_of_interleaved(
+    repeats: int, runs: dict[str, Callable[[], Any]]
+) -> dict[str, tuple[float, Any]]:
+    """Run every candidate ``repeats`` times, alternating between them.
+
+    Alternating keeps slow drifts of a shared machine from favouring the
+    candidate that happened to run while it was quiet. Returns, per name, the
+    fastest wall time and the last result.
+    """
+    best = {name: (float("inf"), None) for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            result = run()
+            seconds = time.perf_counter() - start
+            best[name] = (min(best[name][0], seconds), result)
+    return best
+
+
 def best_of(repeats: int, run: Callable[[], Any]) -> tuple[float, Any]:
     """Run ``run`` ``repeats`` times; return the fastest wall time and the last result."""
     best = float("inf")

@@ -27,7 +27,7 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from _common import CONVERSATION_TRACE, best_of, import_vllm
+from _common import CONVERSATION_TRACE, best_of_interleaved, import_vllm
 
 import kvcore
 from kvcore._trace import read_mooncake_trace
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         default=128,
         help="cap on decode tokens per request (keeps the run short)",
     )
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--pool-blocks", type=int, default=1_000_000)
     parser.add_argument("--no-vllm", action="store_true")
     args = parser.parse_args(argv)
@@ -270,24 +270,27 @@ def main(argv: list[str] | None = None) -> int:
         f"{counts[DECODE]} decode allocations, {counts[FREE]} frees, "
         f"{counts[PREEMPT]} preemptions"
     )
-    rows = []
-    t_kv, res_kv = best_of(
-        args.repeat, lambda: replay_kvcore(ops, prompts, args.num_blocks, args.block_size, "sha256")
-    )
-    rows.append(("kvcore (sha256)", t_kv))
-    t_fast, res_fast = best_of(
-        args.repeat, lambda: replay_kvcore(ops, prompts, args.num_blocks, args.block_size, "fast")
-    )
-    rows.append(("kvcore (fast hash)", t_fast))
-    if res_fast != res_kv:
-        print("ERROR: kvcore results differ between hash algorithms")
-        return 1
+    runs = {
+        "kvcore (sha256)": lambda: replay_kvcore(
+            ops, prompts, args.num_blocks, args.block_size, "sha256"
+        ),
+        "kvcore (fast hash)": lambda: replay_kvcore(
+            ops, prompts, args.num_blocks, args.block_size, "fast"
+        ),
+    }
     vllm = None if args.no_vllm else import_vllm()
     if vllm is not None:
-        t_vl, res_vl = best_of(
-            args.repeat, lambda: replay_vllm(vllm, ops, prompts, args.num_blocks, args.block_size)
+        runs[f"vLLM {vllm.version}"] = lambda: replay_vllm(
+            vllm, ops, prompts, args.num_blocks, args.block_size
         )
-        rows.append((f"vLLM {vllm.version}", t_vl))
+    best = best_of_interleaved(args.repeat, runs)
+    rows = [(name, seconds) for name, (seconds, _) in best.items()]
+    t_kv, res_kv = best["kvcore (sha256)"]
+    if best["kvcore (fast hash)"][1] != res_kv:
+        print("ERROR: kvcore results differ between hash algorithms")
+        return 1
+    if vllm is not None:
+        t_vl, res_vl = best[f"vLLM {vllm.version}"]
     for name, seconds in rows:
         print(
             f"  {name:<22} {len(ops) / seconds:>12,.0f} ops/s  "
