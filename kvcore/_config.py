@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Literal
 
 import attrs
 
 from kvcore.errors import InvalidConfigError
 from kvcore.specs import KVCacheSpec
 
-__all__ = ["KVCacheConfig", "KVCacheGroupSpec", "KVCacheTensor"]
+__all__ = ["KVCacheConfig", "KVCacheGroupSpec", "KVCacheLayout", "KVCacheTensor"]
+
+#: How the pages of the layers are laid out in the backing allocation.
+#: ``"layer_outer"``: each layer's pages are one contiguous run, block after
+#: block (``[layer][block][page]``); the i-th layers of all groups share one
+#: run. ``"block_outer"``: each block is one contiguous chunk holding the
+#: pages of all layers of the group that owns it (``[block][layer][page]``).
+KVCacheLayout = Literal["layer_outer", "block_outer"]
+LAYOUTS: tuple[KVCacheLayout, ...] = ("layer_outer", "block_outer")
 
 
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
@@ -19,37 +28,100 @@ def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _spec_tuple(value: Iterable[KVCacheSpec] | None) -> tuple[KVCacheSpec, ...] | None:
+    return None if value is None else tuple(value)
+
+
 @attrs.frozen(kw_only=True)
 class KVCacheGroupSpec:
     """Layers that share one block table per request, and their common spec.
 
     Attributes:
         layer_names: The layers of the group.
-        kv_cache_spec: The spec every layer of the group follows.
+        kv_cache_spec: The spec the group's manager follows (block size,
+            attention type). For a group of layers of one type with different
+            pages (``layer_specs`` set) it is the first layer's spec.
+        layer_specs: Each layer's own spec, in ``layer_names`` order, when the
+            layers share token slots but not pages (different head sizes, or
+            pages packed side by side); one block of the group then holds one
+            page of every layer. ``None``: every layer follows
+            ``kv_cache_spec``.
     """
 
     layer_names: tuple[str, ...] = attrs.field(converter=_str_tuple)
     kv_cache_spec: KVCacheSpec = attrs.field(validator=attrs.validators.instance_of(KVCacheSpec))
+    layer_specs: tuple[KVCacheSpec, ...] | None = attrs.field(default=None, converter=_spec_tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if self.layer_specs is not None and len(self.layer_specs) != len(self.layer_names):
+            msg = (
+                f"KVCacheGroupSpec.layer_specs has {len(self.layer_specs)} specs for "
+                f"{len(self.layer_names)} layers; give one spec per layer name"
+            )
+            raise InvalidConfigError(msg)
+
+    def spec_of(self, layer_name: str) -> KVCacheSpec:
+        """The spec of one layer of the group.
+
+        Raises:
+            InvalidConfigError: the layer is not in the group.
+        """
+        try:
+            index = self.layer_names.index(layer_name)
+        except ValueError:
+            msg = f"layer {layer_name!r} is not in this group ({', '.join(self.layer_names)})"
+            raise InvalidConfigError(msg) from None
+        return self.kv_cache_spec if self.layer_specs is None else self.layer_specs[index]
+
+    def items(self) -> Iterator[tuple[str, KVCacheSpec]]:
+        """``(layer name, spec)`` for every layer, in order."""
+        specs = self.layer_specs or (self.kv_cache_spec,) * len(self.layer_names)
+        return zip(self.layer_names, specs, strict=True)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes one block of this group holds: one page of every layer."""
+        return sum(spec.page_size_bytes for _, spec in self.items())
 
 
 @attrs.frozen(kw_only=True)
 class KVCacheTensor:
-    """One backing buffer of the KV cache and the layers that share it.
+    """A run of layers inside the one backing allocation of the KV cache.
+
+    The page of block ``b`` of ``layers[j]`` starts at byte ``offset + j ×
+    layer_stride + b × block_stride`` of the backing allocation, whose size is
+    ``size`` bytes. Every tensor of a config has the same ``size``: they are
+    views of one buffer, and tensors of different groups overlap. That is
+    safe because a block id belongs to one group at a time.
 
     Attributes:
-        size: Bytes of the buffer.
-        shared_by: Layers whose pages live in this buffer (one layer per
-            group: a block id belongs to one group at a time, so the i-th
-            layers of all groups can use the same bytes).
+        size: Bytes of the backing allocation (the same for every tensor).
+        layers: Layers laid out in this run, all with the same page.
+        layer_stride: Bytes from one layer of the run to the next.
+        block_stride: Bytes from one block of a layer to the next.
+        offset: Byte offset of the run's first layer.
     """
 
     size: int
-    shared_by: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    layers: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    layer_stride: int
+    block_stride: int
+    offset: int = 0
+
+    def page_offset(self, layer_index: int, block_id: int) -> int:
+        """Byte offset of the page of block ``block_id`` of ``layers[layer_index]``."""
+        return self.offset + layer_index * self.layer_stride + block_id * self.block_stride
 
 
 def _check_num_blocks(instance: object, attribute: object, value: object) -> None:
     if type(value) is not int or value < 1:
         msg = f"KVCacheConfig.num_blocks must be an integer >= 1 (the null block), got {value!r}"
+        raise InvalidConfigError(msg)
+
+
+def _check_layout(instance: object, attribute: object, value: object) -> None:
+    if value not in LAYOUTS:
+        msg = f"KVCacheConfig.layout must be one of {', '.join(LAYOUTS)}, got {value!r}"
         raise InvalidConfigError(msg)
 
 
@@ -60,12 +132,16 @@ class KVCacheConfig:
     Attributes:
         num_blocks: Blocks in the pool, the null block (id 0) included.
         kv_cache_groups: The groups, in group-id order.
-        kv_cache_tensors: The backing buffers (empty for a manager-only config).
+        kv_cache_tensors: The views of the backing allocation (empty for a
+            manager-only config).
+        layout: How pages are laid out in the backing allocation (see
+            :data:`kvcore.KVCacheLayout`).
     """
 
     num_blocks: int = attrs.field(validator=_check_num_blocks)
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = attrs.field(converter=tuple)
     kv_cache_tensors: tuple[KVCacheTensor, ...] = attrs.field(default=(), converter=tuple)
+    layout: KVCacheLayout = attrs.field(default="layer_outer", validator=_check_layout)
 
     @classmethod
     def from_specs(cls, num_blocks: int, specs: Sequence[KVCacheSpec]) -> KVCacheConfig:
@@ -78,3 +154,71 @@ class KVCacheConfig:
             for i, spec in enumerate(specs)
         )
         return cls(num_blocks=num_blocks, kv_cache_groups=groups)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of one block id across all layers: the widest group's block.
+
+        Groups alias the same bytes, so this is a maximum, not a sum. 0 for a
+        config without groups.
+        """
+        return max((group.bytes_per_block for group in self.kv_cache_groups), default=0)
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the backing allocation (0 for a manager-only config)."""
+        return self.kv_cache_tensors[0].size if self.kv_cache_tensors else 0
+
+    def group_of(self, layer_name: str) -> int:
+        """Index of the group holding ``layer_name``.
+
+        Raises:
+            InvalidConfigError: no group holds the layer.
+        """
+        for index, group in enumerate(self.kv_cache_groups):
+            if layer_name in group.layer_names:
+                return index
+        msg = f"layer {layer_name!r} is in no KV cache group of this config"
+        raise InvalidConfigError(msg)
+
+    def layer_spec(self, layer_name: str) -> KVCacheSpec:
+        """The spec of one layer, from the group that holds it."""
+        return self.kv_cache_groups[self.group_of(layer_name)].spec_of(layer_name)
+
+    def tensor_of(self, layer_name: str) -> tuple[KVCacheTensor, int]:
+        """The tensor laying out ``layer_name`` and the layer's index in it.
+
+        Raises:
+            InvalidConfigError: no tensor lays the layer out.
+        """
+        for tensor in self.kv_cache_tensors:
+            if layer_name in tensor.layers:
+                return tensor, tensor.layers.index(layer_name)
+        msg = f"layer {layer_name!r} is laid out by no tensor of this config"
+        raise InvalidConfigError(msg)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description: groups (layers, spec fields), tensors, layout."""
+        return {
+            "num_blocks": self.num_blocks,
+            "layout": self.layout,
+            "bytes_per_block": self.bytes_per_block,
+            "kv_cache_groups": [
+                {
+                    "layer_names": list(group.layer_names),
+                    "kind": group.kv_cache_spec.kind,
+                    "spec": _spec_dict(group.kv_cache_spec),
+                    "layer_specs": None
+                    if group.layer_specs is None
+                    else [_spec_dict(spec) for spec in group.layer_specs],
+                }
+                for group in self.kv_cache_groups
+            ],
+            "kv_cache_tensors": [attrs.asdict(tensor) for tensor in self.kv_cache_tensors],
+        }
+
+
+def _spec_dict(spec: KVCacheSpec) -> dict[str, Any]:
+    fields = attrs.asdict(spec, recurse=False)
+    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
+    return {"class": type(spec).__qualname__, "page_size_bytes": spec.page_size_bytes, **fields}

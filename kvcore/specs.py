@@ -13,7 +13,8 @@ Specs compare and hash by value; grouping layers relies on that.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Hashable, Sequence
+from typing import Any, ClassVar, Literal
 
 import attrs
 
@@ -27,6 +28,9 @@ __all__ = [
     "dtype_name",
     "dtype_size",
     "TokenLimits",
+    "PagePart",
+    "FallbackRole",
+    "ALL_TOKENS_KEY",
     "KVCacheSpec",
     "AttentionSpec",
     "positive_int",
@@ -155,6 +159,49 @@ class TokenLimits:
 
 
 @attrs.frozen(kw_only=True)
+class PagePart:
+    """One typed array inside a page, as torch allocation views it.
+
+    A page (one block of one layer) is raw bytes; a spec describes it as one or
+    more typed arrays so that the allocated cache can be handed to kernels as
+    per-layer tensors of shape ``(num_blocks, *shape)``.
+
+    Attributes:
+        name: What the array holds (``"kv"``, ``"conv_state"``, ...).
+        offset: Bytes from the start of the page to the array.
+        shape: Shape of the array within one block.
+        dtype: Element type (canonical name, see :data:`DTYPE_SIZES`).
+    """
+
+    name: str
+    offset: int = attrs.field(validator=non_negative_int)
+    shape: tuple[int, ...] = attrs.field(converter=tuple)
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the array within one block."""
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * DTYPE_SIZES[self.dtype]
+
+
+#: How a spec takes part in the allocation-only fallback of planning, tried
+#: when page sizes cannot be unified: ``"neutral"`` (no part), ``"enables"``
+#: (its presence makes the fallback worth trying: a layer whose page cannot be
+#: padded, as MLA), ``"promotable"`` (allocated as full attention by the
+#: fallback, compute unchanged: sliding window), ``"blocks"`` (its presence
+#: rules the fallback out: chunked local attention, hidden-state layers).
+FallbackRole = Literal["neutral", "enables", "promotable", "blocks"]
+
+#: The :attr:`KVCacheSpec.uniform_type_key` of the types that keep a slot for
+#: every token of a request (full attention, MLA, hidden-state caches): layers
+#: of these types with one block size may share a block table.
+ALL_TOKENS_KEY = "all tokens"
+
+
+@attrs.frozen(kw_only=True)
 class KVCacheSpec:
     """What one layer needs from the KV cache; the base of every spec.
 
@@ -187,6 +234,11 @@ class KVCacheSpec:
         raise NotImplementedError(msg)
 
     @property
+    def real_page_size_bytes(self) -> int:
+        """The page without planning's padding; equal to :attr:`page_size_bytes` unless padded."""
+        return self.page_size_bytes
+
+    @property
     def pool_reserved_blocks(self) -> int:
         """Blocks a group of this spec takes out of the pool once, for all requests.
 
@@ -195,6 +247,120 @@ class KVCacheSpec:
         the requests need.
         """
         return 0
+
+    # -- planning protocol: how layers of this type are grouped and sized ---------------
+    # Planning (kvcore.get_kv_cache_groups, kvcore.plan) asks the spec classes
+    # every type-specific question, so the core never names an attention type.
+
+    #: The layer keeps every token of the request (full attention, MLA, ...).
+    #: Planning with the hybrid manager disabled allocates local layers with
+    #: the block size of these layers.
+    attends_to_all_tokens: ClassVar[bool] = False
+    #: Layers of this type never join another layer's group: each gets its
+    #: own group and block table, with a block size fitted to the common page
+    #: (hidden-state caches).
+    keeps_own_group: ClassVar[bool] = False
+    #: The page grows with the block size (attention). ``False`` for a
+    #: fixed-size state (Mamba): its page is padded instead, and planning
+    #: raises the attention block size until an attention page holds it.
+    page_size_follows_block_size: ClassVar[bool] = True
+    #: Block sizes of this type's kernels come in multiples of this many
+    #: tokens; planning respects it when it raises the attention block size
+    #: to fit a state page.
+    kernel_block_alignment: ClassVar[int] = 16
+    #: Role in the allocation-only fallback (see :data:`FallbackRole`).
+    full_allocation_fallback: ClassVar[FallbackRole] = "neutral"
+
+    @classmethod
+    def merge(cls, specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
+        """Return the one spec a group of layers with these specs follows.
+
+        Called on the class of the first spec. The default accepts only
+        identical specs and returns the first; a type whose layers may differ
+        in fields that do not change allocation overrides it.
+
+        Args:
+            specs: The layers' specs, at least one.
+
+        Raises:
+            InvalidSpecError: the specs cannot share one block table; the
+                message names the first spec that differs.
+        """
+        if not specs:
+            msg = f"{cls.__name__}.merge needs at least one spec"
+            raise InvalidSpecError(msg)
+        first = specs[0]
+        for spec in specs[1:]:
+            if spec != first:
+                msg = (
+                    f"{cls.__name__}.merge: layers of one KV cache group need identical "
+                    f"specs, but {spec!r} differs from {first!r}"
+                )
+                raise InvalidSpecError(msg)
+        return first
+
+    @property
+    def uniform_type_key(self) -> Hashable:
+        """Layers with equal keys and block sizes need the same token slots.
+
+        Such layers can share one block table even when their pages differ
+        (different head sizes, say): planning then puts them in one group
+        whose block holds one page of every layer. The default is the spec
+        class; types override it to add what changes the slots a request
+        needs (the window of a sliding window, say) or to share a key with
+        another class of the same needs.
+        """
+        return type(self)
+
+    def grown_to_page(self, page_size: int) -> KVCacheSpec | None:
+        """Return this spec with its page grown to ``page_size`` bytes, if it can be.
+
+        Planning calls it to give every layer the same page. The default
+        accepts only the current page size.
+
+        Args:
+            page_size: The target page, in bytes; at least the current page.
+
+        Returns:
+            The grown spec, or ``None`` if this type cannot take that page
+            (planning then tries the allocation-only fallback, else fails).
+        """
+        return self if page_size == self.page_size_bytes else None
+
+    def fitted_to_page(self, page_size: int, block_size_divisor_of: int) -> KVCacheSpec | None:
+        """Return this spec re-sized to live alone in a ``page_size``-byte page.
+
+        Used for layers that keep their own group (:attr:`keeps_own_group`):
+        the block size must divide ``block_size_divisor_of`` (so the group's
+        hashes line up with the others') and the page is padded to
+        ``page_size``. The default cannot be fitted.
+
+        Returns:
+            The fitted spec, or ``None`` if it cannot be fitted.
+        """
+        return None
+
+    def as_full_attention(self, block_size: int) -> KVCacheSpec | None:
+        """The spec this layer uses when allocated as full attention, if it is local.
+
+        Engines that do not manage windows (the hybrid manager disabled), and
+        the allocation-only fallback, keep every block of a local layer (a
+        sliding window, a chunk) while the layer still computes local
+        attention. The default, ``None``, means the layer is not local.
+
+        Args:
+            block_size: Block size of the promoted spec, in tokens.
+        """
+        return None
+
+    def page_parts(self) -> tuple[PagePart, ...]:
+        """The typed arrays of one page, for torch allocation.
+
+        Raises:
+            NotImplementedError: the type does not describe its page.
+        """
+        msg = f"{type(self).__name__} does not describe its page (page_parts)"
+        raise NotImplementedError(msg)
 
 
 @attrs.frozen(kw_only=True)
@@ -259,3 +425,44 @@ class AttentionSpec(KVCacheSpec):
     def pages_for_tokens(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens (``ceil(num_tokens / block_size)``)."""
         return cdiv(num_tokens, self.block_size)
+
+    def grown_to_page(self, page_size: int) -> AttentionSpec | None:
+        """Scale the block size when the target is a whole multiple of the page, else pad.
+
+        More tokens per block keep the bytes per token; padding keeps the
+        block size and leaves the page's tail unused (read through strided
+        views).
+        """
+        current = self.page_size_bytes
+        if page_size < current:
+            return None
+        if page_size == current:
+            return self
+        if page_size % current == 0:
+            ratio = page_size // current
+            padded = None if self.page_size_padded is None else self.page_size_padded * ratio
+            return attrs.evolve(self, block_size=self.block_size * ratio, page_size_padded=padded)
+        return attrs.evolve(self, page_size_padded=page_size)
+
+    def fitted_to_page(self, page_size: int, block_size_divisor_of: int) -> AttentionSpec | None:
+        """The largest block size dividing ``block_size_divisor_of`` whose page fits, padded."""
+        per_token = self.bytes_per_token
+        limit = max(page_size // per_token, 1)
+        block_size = next(
+            size
+            for size in range(min(block_size_divisor_of, limit), 0, -1)
+            if block_size_divisor_of % size == 0
+        )
+        if block_size * per_token > page_size:
+            return None
+        return attrs.evolve(self, block_size=block_size, page_size_padded=page_size)
+
+    def page_parts(self) -> tuple[PagePart, ...]:
+        """One array per block: ``(block_size, num_kv_heads, head_size + head_size_v)``.
+
+        Keys and values sit side by side in the last axis: the key of token
+        ``t``, head ``h`` is ``[t, h, :head_size]``, its value
+        ``[t, h, head_size:]``.
+        """
+        shape = (self.block_size, self.num_kv_heads, self.head_size + self.head_size_v)
+        return (PagePart(name="kv", offset=0, shape=shape, dtype=self.dtype),)

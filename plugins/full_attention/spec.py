@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from typing import ClassVar
 
 import attrs
 
-from kvcore.specs import AttentionSpec, TokenLimits, optional_positive_int
+from kvcore.errors import InvalidSpecError
+from kvcore.specs import (
+    ALL_TOKENS_KEY,
+    AttentionSpec,
+    KVCacheSpec,
+    TokenLimits,
+    optional_positive_int,
+)
 
 __all__ = ["FullAttentionSpec"]
 
@@ -31,3 +39,68 @@ class FullAttentionSpec(AttentionSpec):
     def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
         """One page per block of a ``max_model_len``-token request."""
         return self.pages_for_tokens(limits.max_model_len) * self.page_size_bytes
+
+    attends_to_all_tokens: ClassVar[bool] = True
+
+    @property
+    def uniform_type_key(self) -> Hashable:
+        """Shared with every type that keeps all tokens (MLA, hidden states)."""
+        return ALL_TOKENS_KEY
+
+    @classmethod
+    def merge(cls, specs: Sequence[KVCacheSpec]) -> FullAttentionSpec:
+        """Merge full-attention layers that differ only in a recorded window or chunk.
+
+        A layer allocated as full attention may record the window (or chunk)
+        it computes with; layers with and without one share a group, and the
+        merged spec records the one window. Everything else must be equal.
+
+        Raises:
+            InvalidSpecError: a spec is not a ``FullAttentionSpec``, two
+                different windows (or chunk sizes) are recorded, both a window
+                and a chunk size are, or another field differs.
+        """
+        if not specs:
+            msg = "FullAttentionSpec.merge needs at least one spec"
+            raise InvalidSpecError(msg)
+        for spec in specs:
+            if type(spec) is not cls:
+                msg = (
+                    f"FullAttentionSpec.merge: a {type(spec).__name__} layer cannot share a "
+                    "group with full-attention layers"
+                )
+                raise InvalidSpecError(msg)
+        full = [spec for spec in specs if isinstance(spec, FullAttentionSpec)]
+        windows = {spec.sliding_window for spec in full} - {None}
+        chunks = {spec.attention_chunk_size for spec in full} - {None}
+        for label, values in (("sliding windows", windows), ("attention chunk sizes", chunks)):
+            if len(values) > 1:
+                msg = (
+                    f"FullAttentionSpec.merge: the layers record different {label} "
+                    f"{sorted(values)}; one group can record only one"
+                )
+                raise InvalidSpecError(msg)
+        merged = attrs.evolve(
+            full[0],
+            sliding_window=next(iter(windows), None),
+            attention_chunk_size=next(iter(chunks), None),
+        )
+        for spec in full:
+            aligned = attrs.evolve(
+                spec,
+                sliding_window=merged.sliding_window,
+                attention_chunk_size=merged.attention_chunk_size,
+            )
+            if aligned != merged:
+                msg = (
+                    f"FullAttentionSpec.merge: layers of one KV cache group need the same "
+                    f"shape, but {spec!r} differs from {full[0]!r}"
+                )
+                raise InvalidSpecError(msg)
+        if merged.sliding_window is not None and merged.attention_chunk_size is not None:
+            msg = (
+                "FullAttentionSpec.merge: the layers record both a sliding window and an "
+                "attention chunk size; a group can record only one of them"
+            )
+            raise InvalidSpecError(msg)
+        return merged
