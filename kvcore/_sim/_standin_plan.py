@@ -70,7 +70,8 @@ def plan(
     spec: KVCacheSpec = FullAttentionSpec(
         block_size=block_size, num_kv_heads=heads, head_size=head_size, dtype="bfloat16"
     )
-    num_blocks = _bytes(memory) // (spec.page_size_bytes * layers)
+    layers_per_page = layers // 2 if model == "gpt-oss-20b" else layers
+    num_blocks = _bytes(memory) // (spec.page_size_bytes * layers_per_page)
     max_model_len = max_model_len or default_len
     needed = -(-max_model_len // block_size) + 1
     if num_blocks < needed:
@@ -89,7 +90,6 @@ def plan(
             dtype="bfloat16",
             sliding_window=128,
         )
-        num_blocks = _bytes(memory) // (spec.page_size_bytes * layers // 2)
         config = KVCacheConfig(
             num_blocks=num_blocks,
             kv_cache_groups=(

@@ -1,0 +1,43 @@
+"""Helpers of the simulator tests (imported by name: tests/ has no packages)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import kvcore
+from kvcore._sim.scheduler import Scheduler, SchedulerConfig, SimRequest
+from kvcore._trace import TraceRequest
+from kvcore_plugins.full_attention import FullAttentionSpec
+
+#: The shared data folder (third-party traces, read in place, never copied).
+DATA = Path(
+    os.environ.get("KVCORE_DATA", Path(__file__).resolve().parents[2] / ".." / "shared" / "data")
+)
+CONVERSATION = DATA / "mooncake" / "mooncake_conversation_trace.jsonl"
+
+
+def explicit(request_id: str, tokens: Sequence[int], output: int, at_ms: float = 0.0):
+    return TraceRequest(
+        request_id=request_id,
+        arrival_ms=at_ms,
+        input_length=len(tokens),
+        output_length=output,
+        token_ids=tuple(tokens),
+    )
+
+
+def full_manager(num_blocks: int, block_size: int = 16, max_model_len: int = 4096):
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype="float16")
+    config = kvcore.KVCacheConfig.from_specs(num_blocks, [spec])
+    registry = kvcore.load_registry(only=["full_attention"])
+    return kvcore.KVCacheManager(config, max_model_len, registry=registry, hash_algorithm="fast")
+
+
+def make_scheduler(manager, requests, **config) -> Scheduler:
+    entries = [
+        SimRequest(r, min(r.output_length, manager.max_model_len - r.input_length))
+        for r in requests
+    ]
+    return Scheduler(manager, SchedulerConfig(**config), entries)

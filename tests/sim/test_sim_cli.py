@@ -1,0 +1,147 @@
+"""``kvcore simulate`` and ``kvcore workload`` through the CLI entry point."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcore._cli.main import build_parser, main
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["--limit", "60", "--memory", "2GiB", "--max-model-len", "32768"]
+
+
+def run_json(capsys, *argv):
+    assert main(["simulate", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_simulate_prints_the_report(capsys):
+    assert main(["simulate", *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("kvcore simulate: gpt-oss-20b on built-in (seed 0, 60 requests)")
+    for label in ("plan", "prefix hits", "preemptions", "blocks", "steps", "manager", "wall"):
+        assert f"  {label}" in out
+
+
+def test_simulate_json_and_seed(capsys):
+    first = run_json(capsys, *SMALL, "--seed", "5")
+    again = run_json(capsys, *SMALL, "--seed", "5")
+    assert first["workload"]["seed"] == 5
+    assert first["prefix_cache"] == again["prefix_cache"]
+    assert first["finished"] == 60
+    assert set(first["timeline"]) >= {"time_s", "used_blocks", "group_blocks", "hit_rate"}
+
+
+def test_progress_bar_is_quiet_when_piped(capsys):
+    main(["simulate", *SMALL])
+    assert capsys.readouterr().err == ""
+
+
+def test_workload_then_simulate_the_file(tmp_path, capsys):
+    path = tmp_path / "w.jsonl"
+    assert main(["workload", str(path), "--requests", "40", "--seed", "2"]) == 0
+    assert "wrote 40 requests" in capsys.readouterr().out
+    from_file = run_json(
+        capsys, "--trace", str(path), "--memory", "2GiB", "--max-model-len", "32768"
+    )
+    built_in = run_json(
+        capsys, "--limit", "40", "--seed", "2", "--memory", "2GiB", "--max-model-len", "32768"
+    )
+    assert from_file["workload"]["name"] == str(path)
+    assert from_file["prefix_cache"] == built_in["prefix_cache"]
+
+
+def test_workload_to_stdout(capsys):
+    assert main(["workload", "-", "--requests", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    assert set(json.loads(lines[0])) == {
+        "timestamp",
+        "input_length",
+        "output_length",
+        "hash_ids",
+        "request_id",
+    }
+
+
+def test_mooncake_trace_with_limit(capsys, conversation_trace):
+    data = run_json(
+        capsys, "--trace", str(conversation_trace), "--limit", "30", "--arrival", "asap"
+    )
+    assert data["workload"]["requests"] == 30
+    assert data["finished"] == 30
+    assert data["prefix_cache"]["hit_rate"] > 0
+
+
+def test_malformed_line_stops_with_file_line_and_reason(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"prompt_token_ids": [1, 2, 3], "output_length": 2}\n{"hash_ids": 5}\n')
+    assert main(["simulate", "--trace", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvcore: error: {path}:2: ")
+    assert "missing field" in err
+    assert "--skip-bad-lines" in err
+    data = run_json(capsys, "--trace", str(path), "--skip-bad-lines")
+    assert data["workload"]["bad_lines"] == 1
+    assert data["finished"] == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--trace", "x.jsonl", "--seed", "1"], "--seed applies to the built-in workload"),
+        (["--skip-bad-lines"], "--skip-bad-lines applies to a --trace file"),
+        (["--limit", "0"], "--limit must be a positive integer"),
+        (["--max-num-seqs", "0"], "max_num_seqs must be a positive integer"),
+        (["--plot", "out.svg"], "give a file name ending in .png"),
+        (["no-such-model"], "unknown model 'no-such-model'"),
+        (["--memory", "10MiB"], "needs"),
+        (["--only", "nope"], "nope"),
+    ],
+)
+def test_bad_input_is_one_line_with_exit_status_2(capsys, argv, message):
+    assert main(["simulate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvcore: error: ")
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_plot_writes_a_png(tmp_path, capsys):
+    path = tmp_path / "sim.png"
+    assert main(["simulate", *SMALL, "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plot         {path}" in capsys.readouterr().out
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    assert main(["simulate", *SMALL, "--plot", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'kvcore[plot]'" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+def _options(subcommand):
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices[subcommand]
+    return [
+        s for a in sub._actions for s in a.option_strings if s.startswith("--") and s != "--help"
+    ]
+
+
+@pytest.mark.parametrize("subcommand", ["plugins", "simulate", "workload"])
+def test_every_option_is_in_the_cli_reference(subcommand):
+    text = (REPO / "docs" / "reference" / "cli.rst").read_text()
+    # The subcommand's section: from its title to the next section title.
+    section = text.split(f"\nkvcore {subcommand}\n---", 1)[1]
+    section = re.split(r"\n[^\n]+\n-{3,}\n", section, maxsplit=1)[0]
+    options = _options(subcommand)
+    assert options
+    missing = [o for o in options if f".. option:: {o}" not in section]
+    assert not missing, f"docs/reference/cli.rst, kvcore {subcommand}: undocumented {missing}"

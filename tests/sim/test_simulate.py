@@ -1,0 +1,84 @@
+"""Whole simulations: plan, replay, report."""
+
+from __future__ import annotations
+
+import pytest
+from simhelpers import explicit
+
+from kvcore._sim import SimulationOptions, load_workload, simulate
+from kvcore._sim.report import format_report
+from kvcore._sim.workload import Workload
+
+TIMES = ("manager", "timing")
+
+
+def without_times(report):
+    return {k: v for k, v in report.to_dict().items() if k not in TIMES}
+
+
+def test_same_seed_same_report():
+    options = SimulationOptions(memory="2GiB", max_model_len=32768)
+    first = simulate(load_workload(limit=150, seed=3), options)
+    second = simulate(load_workload(limit=150, seed=3), options)
+    assert without_times(first) == without_times(second)
+    other = simulate(load_workload(limit=150, seed=4), options)
+    assert without_times(other) != without_times(first)
+
+
+def test_report_fields_add_up():
+    report = simulate(
+        load_workload(limit=200), SimulationOptions(memory="1GiB", max_model_len=32768)
+    )
+    data = report.data
+    assert data["finished"] == 200
+    pc = data["prefix_cache"]
+    assert 0 < pc["hit_rate"] <= pc["ceiling_rate"] < 1
+    assert pc["hit_tokens"] <= pc["ceiling_tokens"]
+    assert pc["prompt_tokens"] == data["workload"]["prompt_tokens"]
+    ops = data["manager"]["ops"]
+    assert ops["lookup"]["count"] == ops["admit"]["count"] >= 200
+    assert ops["free"]["count"] == 200
+    assert ops["preempt"]["count"] == data["preemptions"]["count"]
+    assert ops["decode"]["count"] > 0
+    assert data["blocks"]["peak"] <= data["blocks"]["usable"]
+    assert [g["kind"] for g in data["blocks"]["groups"]] == ["full_attention", "sliding_window"]
+    assert data["steps"]["count"] >= max(r.output_length for r in load_workload(limit=200).requests)
+    timeline = report.to_dict()["timeline"]
+    assert len(timeline["step"]) == data["blocks"]["samples"] > 10
+    text = format_report(report)
+    assert "prefix hits" in text
+    assert "unbounded-cache ceiling" in text
+    assert "decode" in text
+    assert "p99" in text
+
+
+def test_small_memory_preempts_and_lowers_the_hit_rate():
+    workload = load_workload(limit=300)
+    roomy = simulate(workload, SimulationOptions(memory="8GiB", max_model_len=32768)).data
+    tight = simulate(workload, SimulationOptions(memory="1GiB", max_model_len=32768)).data
+    assert roomy["preemptions"]["count"] == 0
+    assert tight["preemptions"]["count"] > 0
+    assert tight["finished"] == roomy["finished"] == 300
+    assert tight["prefix_cache"]["hit_rate"] < roomy["prefix_cache"]["hit_rate"]
+
+
+def test_too_long_prompts_are_rejected_and_outputs_capped():
+    workload = Workload(
+        name="hand",
+        requests=(
+            explicit("fits", range(100), 10),
+            explicit("capped", range(1000, 1090), 50),
+            explicit("too-long", range(2000, 2128), 1),
+        ),
+    )
+    data = simulate(workload, SimulationOptions(model="llama-3-8b", max_model_len=128)).data
+    assert data["workload"]["rejected_too_long"] == 1
+    assert data["workload"]["output_capped"] == 1
+    assert data["finished"] == 2
+    assert data["workload"]["output_tokens"] == 10 + 38
+
+
+def test_memory_too_small_states_the_minimum():
+    with pytest.raises(Exception, match=r"needs \d+") as info:
+        simulate(load_workload(limit=5), SimulationOptions(memory="64MiB"))
+    assert "kvcore" in type(info.value).__module__
