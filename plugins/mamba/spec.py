@@ -46,6 +46,15 @@ def _check_shapes(instance: object, attribute: Any, value: tuple[tuple[int, ...]
             raise InvalidSpecError(msg)
 
 
+def _check_cache_mode(instance: object, attribute: Any, value: object) -> None:
+    if value not in ("none", "align"):
+        msg = (
+            f"MambaSpec.mamba_cache_mode must be 'none' (one state per request, never "
+            f"cached) or 'align' (states cached at block boundaries), got {value!r}"
+        )
+        raise InvalidSpecError(msg)
+
+
 def _convert_dtypes(value: Iterable[object]) -> tuple[str, ...]:
     names = []
     for item in value:
@@ -88,9 +97,7 @@ class MambaSpec(KVCacheSpec):
     page_size_padded: int | None = attrs.field(default=None, validator=optional_positive_int)
     mamba_type: str = "mamba2"
     num_speculative_blocks: int = attrs.field(default=0, validator=non_negative_int)
-    mamba_cache_mode: MambaCacheMode = attrs.field(
-        default="none", validator=attrs.validators.in_(("none", "align"))
-    )
+    mamba_cache_mode: MambaCacheMode = attrs.field(default="none", validator=_check_cache_mode)
 
     def __attrs_post_init__(self) -> None:
         if len(self.dtypes) != len(self.shapes):

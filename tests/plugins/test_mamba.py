@@ -170,5 +170,7 @@ def test_one_dtype_per_state_tensor():
 
 
 def test_unknown_cache_mode_is_refused():
-    with pytest.raises(ValueError, match="mamba_cache_mode"):
+    with pytest.raises(
+        InvalidSpecError, match=r"MambaSpec\.mamba_cache_mode must be .none. .*got .all."
+    ):
         MambaSpec(block_size=16, shapes=((2,),), dtypes=("float32",), mamba_cache_mode="all")
