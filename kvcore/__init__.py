@@ -8,10 +8,29 @@ from __future__ import annotations
 
 from kvcore import errors, hookspecs, managers, specs
 from kvcore._block_pool import NULL_BLOCK, BlockPool
-from kvcore._config import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from kvcore._config import KVCacheConfig, KVCacheGroupSpec, KVCacheLayout, KVCacheTensor
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvcore._hashing import HASH_ALGORITHMS, BlockHasher
 from kvcore._kv_cache_manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
+from kvcore._planning.allocate import KVCacheBuffers, allocate_kv_cache
+from kvcore._planning.grouping import get_kv_cache_groups
+from kvcore._planning.layer_config import LayerConfig
+from kvcore._planning.memory import format_bytes, parse_memory
+from kvcore._planning.model_config import (
+    ModelConfig,
+    ModelLayer,
+    build_layer_specs,
+    list_models,
+    load_model_config,
+)
+from kvcore._planning.plan import KVCachePlan, plan, print_plan
+from kvcore._planning.report import GroupReport
+from kvcore._planning.sizing import (
+    InsufficientMemoryError,
+    estimate_max_model_len,
+    get_kv_cache_config,
+    get_kv_cache_configs,
+)
 from kvcore._plugin_loader import (
     ENTRY_POINT_GROUP,
     ENV_DISABLE_PLUGINS,
@@ -52,6 +71,26 @@ __all__ = [
     "KVCacheConfig",
     "KVCacheGroupSpec",
     "KVCacheTensor",
+    "KVCacheLayout",
+    # planning
+    "plan",
+    "print_plan",
+    "KVCachePlan",
+    "GroupReport",
+    "get_kv_cache_groups",
+    "get_kv_cache_config",
+    "get_kv_cache_configs",
+    "estimate_max_model_len",
+    "allocate_kv_cache",
+    "KVCacheBuffers",
+    "list_models",
+    "load_model_config",
+    "ModelConfig",
+    "ModelLayer",
+    "LayerConfig",
+    "build_layer_specs",
+    "parse_memory",
+    "format_bytes",
     "BlockPool",
     "NULL_BLOCK",
     "BlockHasher",
@@ -87,6 +126,7 @@ __all__ = [
     "UnknownSpecError",
     "InvalidSpecError",
     "InvalidConfigError",
+    "InsufficientMemoryError",
     "InvalidRequestError",
     "RequestTooLongError",
     "DoubleFreeError",

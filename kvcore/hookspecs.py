@@ -8,14 +8,16 @@ built (:func:`kvcore.load_registry`), never on the allocation path.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import pluggy
 
+from kvcore._planning.layer_config import LayerConfig
 from kvcore._registry import LayerType
+from kvcore.specs import KVCacheSpec
 
-__all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "kvcore_layer_types"]
+__all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "kvcore_layer_kinds", "kvcore_layer_types"]
 
 #: The pluggy project name, and the entry-point group plugins register under.
 PROJECT_NAME: Final = "kvcore"
@@ -47,6 +49,56 @@ def kvcore_layer_types() -> Sequence[LayerType[Any]]:  # type: ignore[empty-body
             return [kvcore.LayerType(MySpec, MyManager)]
 
     Used by every built-in plugin, e.g. ``kvcore_plugins.full_attention``.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def kvcore_layer_kinds() -> Mapping[str, Callable[[LayerConfig], KVCacheSpec]]:  # type: ignore[empty-body]
+    """Return the model-config layer kinds this plugin builds specs for.
+
+    Planning a model from a Hugging Face style ``config.json``
+    (:func:`kvcore.plan`, :func:`kvcore.build_layer_specs`) gives every layer
+    that holds a cache a *kind*: the entry of the config's ``layer_types``
+    (``"full_attention"``, ``"sliding_attention"``, ``"linear_attention"``,
+    ...) or, for configs without one, a kind derived from the config
+    (``"chunked_attention"``, ``"mamba"``, ``"mla_attention"``,
+    ``"cross_attention"``). For each layer kvcore calls the builder registered
+    for its kind with a :class:`~kvcore.LayerConfig` and uses the spec it
+    returns. A third-party attention type makes its layers plannable by
+    returning a builder for its own kind name.
+
+    Called once per plugin when a model is planned, never on the allocation
+    path. Each kind may be claimed by one plugin only: a second claim raises
+    :class:`~kvcore.errors.PluginConflictError` naming both plugins. A layer
+    whose kind no selected plugin claims raises
+    :class:`~kvcore.errors.UnknownSpecError` listing the kinds that are
+    claimed.
+
+    Returns:
+        Kind name → builder. A builder takes the layer's
+        :class:`~kvcore.LayerConfig` and returns its spec; it raises
+        :class:`~kvcore.errors.InvalidConfigError` (e.g. through
+        :meth:`kvcore.LayerConfig.require`) when the config lacks a field it
+        needs.
+
+    Example::
+
+        def _build(layer: kvcore.LayerConfig) -> SlidingWindowSpec:
+            return SlidingWindowSpec(
+                block_size=layer.block_size,
+                num_kv_heads=layer.num_kv_heads,
+                head_size=layer.head_size,
+                dtype=layer.dtype,
+                sliding_window=layer.require("sliding_window"),
+            )
+
+        @kvcore.hookimpl
+        def kvcore_layer_kinds():
+            return {"sliding_attention": _build}
+
+    Used by the built-in plugins, e.g. ``kvcore_plugins.sliding_window.model_config``.
 
     .. versionadded:: 0.1
     """

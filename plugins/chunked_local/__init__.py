@@ -20,6 +20,7 @@ from typing import Any
 
 import kvcore
 from kvcore_plugins.chunked_local.manager import ChunkedLocalAttentionManager
+from kvcore_plugins.chunked_local.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.chunked_local.spec import ChunkedLocalAttentionSpec
 
 __all__ = ["ChunkedLocalAttentionManager", "ChunkedLocalAttentionSpec", "kvcore_layer_types"]

@@ -19,6 +19,7 @@ from typing import Any
 
 import kvcore
 from kvcore_plugins.cross_attention.manager import CrossAttentionManager
+from kvcore_plugins.cross_attention.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.cross_attention.spec import CrossAttentionSpec
 
 __all__ = ["CrossAttentionManager", "CrossAttentionSpec", "kvcore_layer_types"]

@@ -10,6 +10,7 @@ from typing import Any
 
 import kvcore
 from kvcore_plugins.full_attention.manager import FullAttentionManager
+from kvcore_plugins.full_attention.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.full_attention.spec import FullAttentionSpec
 
 __all__ = ["FullAttentionManager", "FullAttentionSpec", "kvcore_layer_types"]

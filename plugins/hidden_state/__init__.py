@@ -16,6 +16,7 @@ from typing import Any
 
 import kvcore
 from kvcore_plugins.hidden_state.manager import HiddenStateCacheManager
+from kvcore_plugins.hidden_state.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.hidden_state.spec import HiddenStateCacheSpec
 
 __all__ = ["HiddenStateCacheManager", "HiddenStateCacheSpec", "kvcore_layer_types"]

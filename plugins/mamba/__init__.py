@@ -20,6 +20,7 @@ from typing import Any
 
 import kvcore
 from kvcore_plugins.mamba.manager import MambaManager
+from kvcore_plugins.mamba.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.mamba.spec import MambaSpec
 
 __all__ = ["MambaManager", "MambaSpec", "kvcore_layer_types"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import kvcore
 from kvcore_plugins.mla.manager import MLAAttentionManager
+from kvcore_plugins.mla.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.mla.spec import CACHE_DTYPE_BYTES_PER_TOKEN, MLAAttentionSpec
 
 __all__ = [

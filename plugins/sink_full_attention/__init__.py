@@ -18,6 +18,7 @@ from typing import Any
 
 import kvcore
 from kvcore_plugins.sink_full_attention.manager import SinkFullAttentionManager
+from kvcore_plugins.sink_full_attention.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.sink_full_attention.spec import SinkFullAttentionSpec
 
 __all__ = ["SinkFullAttentionManager", "SinkFullAttentionSpec", "kvcore_layer_types"]

@@ -21,6 +21,7 @@ from typing import Any
 
 import kvcore
 from kvcore_plugins.sliding_window.manager import SlidingWindowManager, contiguous_blocks_needed
+from kvcore_plugins.sliding_window.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.sliding_window.spec import SlidingWindowSpec
 
 __all__ = [

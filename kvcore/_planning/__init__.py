@@ -1,0 +1,12 @@
+"""Planning: from a model's layers to KV cache groups, a block count and torch tensors.
+
+One module per job: :mod:`.grouping` (which layers share a block table, with
+:mod:`.unify`, :mod:`.packing` and :mod:`.group_size`), :mod:`.alignment`
+(state pages next to attention pages), :mod:`.layout` (where every page
+lives), :mod:`.sizing` (blocks from memory, the fit check, concurrency),
+:mod:`.allocate` (torch), :mod:`.model_config` and :mod:`.layer_config`
+(``config.json`` → layer specs), :mod:`.report` (waste), :mod:`.plan`
+(:func:`kvcore.plan`) and :mod:`.memory` (``"80GiB"``).
+
+Nothing is imported here: ``kvcore`` imports the modules it re-exports.
+"""

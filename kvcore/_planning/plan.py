@@ -1,0 +1,422 @@
+"""``kvcore.plan``: a model and an amount of memory → a ready :class:`KVCacheConfig`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Final
+
+import attrs
+
+from kvcore._config import KVCacheConfig, KVCacheGroupSpec, KVCacheLayout
+from kvcore._planning.alignment import align_state_pages
+from kvcore._planning.group_size import GROUP_SIZE_RULES
+from kvcore._planning.grouping import get_kv_cache_groups
+from kvcore._planning.layout import bytes_per_block
+from kvcore._planning.memory import format_bytes, parse_memory
+from kvcore._planning.model_config import ModelConfig, build_layer_specs, load_model_config
+from kvcore._planning.report import GroupReport, group_reports, short_layer_list
+from kvcore._planning.sizing import (
+    blocks_per_request,
+    check_fits,
+    fit_max_model_len,
+    get_kv_cache_config,
+    max_concurrency,
+    memory_needed,
+)
+from kvcore._plugin_loader import load_registry
+from kvcore._registry import Registry
+from kvcore.errors import InvalidConfigError
+from kvcore.specs import KVCacheSpec, TokenLimits, dtype_name
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "KVCachePlan",
+    "plan",
+    "print_plan",
+]
+
+#: Attention block size when none is given, in tokens.
+DEFAULT_BLOCK_SIZE: Final = 16
+#: Chunked-prefill budget per step when none is given (the reference server's
+#: default); windowed types keep the window plus one step of tokens.
+DEFAULT_MAX_NUM_BATCHED_TOKENS: Final = 8192
+
+
+@attrs.frozen(kw_only=True)
+class KVCachePlan:
+    """A planned KV cache: the config for the manager and what it costs.
+
+    Attributes:
+        model: The model's name.
+        source: Where its config was read from.
+        kv_cache_config: Groups, block count and tensors; hand it to
+            :class:`kvcore.KVCacheManager` (with :attr:`max_model_len`) and to
+            :func:`kvcore.allocate_kv_cache`.
+        layer_specs: Every layer's spec as built from the model config (before
+            grouping changed block sizes or pages).
+        limits: The token limits planned for (``max_model_len`` after fitting).
+        model_max_len: The model's own context length.
+        memory_bytes: The memory planned for, in bytes.
+        groups: A report per group (pages, blocks per request, waste).
+        group_size_rule: ``"reference"`` or ``"gcd"``.
+        hybrid: Whether each attention type keeps its own groups (``False``:
+            local layers allocated as full attention).
+        reference: With the ``"gcd"`` rule, the reference rule's plan of the
+            same model, memory and limits, for comparison (not checked to fit).
+    """
+
+    model: str
+    source: str
+    kv_cache_config: KVCacheConfig
+    layer_specs: dict[str, KVCacheSpec] = attrs.field(repr=False)
+    limits: TokenLimits
+    model_max_len: int
+    memory_bytes: int
+    groups: tuple[GroupReport, ...]
+    group_size_rule: str
+    hybrid: bool
+    reference: KVCachePlan | None = None
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest request planned for, in tokens (the model's, or less to fit)."""
+        return self.limits.max_model_len
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool, the null block included."""
+        return self.kv_cache_config.num_blocks
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes one block id costs (the widest group's pages)."""
+        return self.kv_cache_config.bytes_per_block
+
+    @property
+    def blocks_per_request(self) -> int:
+        """Blocks one request of :attr:`max_model_len` tokens holds across all groups."""
+        return blocks_per_request(self.kv_cache_config.kv_cache_groups, self.limits)
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests of :attr:`max_model_len` tokens the pool holds at once."""
+        return max_concurrency(self.kv_cache_config, self.limits)
+
+    @property
+    def token_capacity(self) -> int:
+        """Tokens the pool holds in requests of :attr:`max_model_len` tokens."""
+        return int(self.max_concurrency * self.max_model_len)
+
+    @property
+    def memory_needed_bytes(self) -> int:
+        """Bytes one request of :attr:`max_model_len` tokens needs (null block included)."""
+        return memory_needed(self.kv_cache_config.kv_cache_groups, self.limits)
+
+    @property
+    def wasted_bytes_per_request(self) -> int:
+        """Bytes one request of :attr:`max_model_len` tokens holds but no layer uses."""
+        return sum(group.wasted_bytes_per_request for group in self.groups)
+
+    @property
+    def waste_fraction(self) -> float:
+        """Share of a longest request's bytes that no layer uses (0.0 to 1.0)."""
+        total = self.bytes_per_block * self.blocks_per_request
+        return self.wasted_bytes_per_request / total if total else 0.0
+
+    @property
+    def wasted_bytes(self) -> int:
+        """Bytes of the pool wasted when it is full of requests of :attr:`max_model_len` tokens."""
+        return int(self.waste_fraction * self.kv_cache_config.size_bytes)
+
+    @property
+    def padding_slots(self) -> int:
+        """Empty layer slots over all groups (uniform-page groups only)."""
+        return sum(group.padding_slots for group in self.groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description of the plan (summary figures, groups, config)."""
+        data = {
+            "model": self.model,
+            "source": self.source,
+            "memory_bytes": self.memory_bytes,
+            "max_model_len": self.max_model_len,
+            "model_max_len": self.model_max_len,
+            "max_num_batched_tokens": self.limits.max_num_batched_tokens,
+            "max_num_encoder_tokens": self.limits.max_num_encoder_tokens,
+            "group_size_rule": self.group_size_rule,
+            "hybrid": self.hybrid,
+            "layout": self.kv_cache_config.layout,
+            "num_layers": len(self.layer_specs),
+            "num_blocks": self.num_blocks,
+            "bytes_per_block": self.bytes_per_block,
+            "size_bytes": self.kv_cache_config.size_bytes,
+            "blocks_per_request": self.blocks_per_request,
+            "memory_needed_bytes": self.memory_needed_bytes,
+            "max_concurrency": self.max_concurrency,
+            "token_capacity": self.token_capacity,
+            "padding_slots": self.padding_slots,
+            "wasted_bytes": self.wasted_bytes,
+            "wasted_bytes_per_request": self.wasted_bytes_per_request,
+            "waste_fraction": self.waste_fraction,
+            "groups": [group.to_dict() for group in self.groups],
+            "kv_cache_config": self.kv_cache_config.to_dict(),
+        }
+        if self.reference is not None:
+            reference = self.reference.to_dict()
+            del reference["kv_cache_config"]
+            data["reference"] = reference
+        return data
+
+    def summary(self) -> str:
+        """The plan as a few lines of text: groups, blocks, capacity, waste."""
+        kinds: dict[str, int] = {}
+        for spec in self.layer_specs.values():
+            kinds[spec.kind] = kinds.get(spec.kind, 0) + 1
+        described = ", ".join(f"{count} {kind}" for kind, count in kinds.items()) or "none"
+        fitted = (
+            "model maximum"
+            if self.max_model_len == self.model_max_len
+            else f"fitted to memory; model maximum {self.model_max_len}"
+        )
+        lines = [
+            f"{self.model}: {len(self.layer_specs)} cache layers ({described})",
+            f"memory {format_bytes(self.memory_bytes)}, max_model_len {self.max_model_len} "
+            f"({fitted}), {self.limits.batched_tokens} batched tokens per step, "
+            f"{self.kv_cache_config.layout.replace('_', '-')} layout, "
+            f"{self.group_size_rule} group size"
+            + ("" if self.hybrid else ", hybrid manager disabled"),
+            "",
+            f"{'group':>5}  {'type':<24}{'layers':>7}  {'which':<22}{'block':>7}"
+            f"{'page':>12}{'blocks/req':>12}{'waste/block':>13}",
+        ]
+        for group in self.groups:
+            page = "/".join(format_bytes(p) for p in group.page_sizes)
+            lines.append(
+                f"{group.index:>5}  {group.kind:<24}{group.num_layers:>7}  "
+                f"{short_layer_list(group.layer_names):<22}{group.block_size:>7}{page:>12}"
+                f"{group.pages_per_request:>12}{format_bytes(group.wasted_bytes_per_block):>13}"
+            )
+        if not self.groups:
+            lines.append("    (no layer holds a KV cache: attention-free model)")
+        lines += [
+            "",
+            f"blocks:          {self.num_blocks} of {format_bytes(self.bytes_per_block)} "
+            f"({format_bytes(self.kv_cache_config.size_bytes)} in all)",
+            f"one request:     {self.blocks_per_request} blocks, "
+            f"{format_bytes(self.memory_needed_bytes)} at {self.max_model_len} tokens",
+            f"token capacity:  {self.token_capacity} tokens",
+            f"max concurrency: {self.max_concurrency:.2f} requests of {self.max_model_len} tokens",
+            f"wasted:          {format_bytes(self.wasted_bytes)} ({self.waste_fraction:.2%} "
+            f"of the pool at max_model_len; {self.padding_slots} padding layer slots)",
+        ]
+        if self.reference is not None:
+            ref = self.reference
+            lines += [
+                "",
+                f"reference group size for comparison: {len(ref.groups)} groups, "
+                f"{ref.padding_slots} padding slots, {ref.num_blocks} blocks, max concurrency "
+                f"{ref.max_concurrency:.2f}, wasted {format_bytes(ref.wasted_bytes)} "
+                f"({ref.waste_fraction:.2%}); {self.group_size_rule}: {len(self.groups)} groups, "
+                f"{self.padding_slots} padding slots",
+            ]
+        return "\n".join(lines)
+
+
+def _positive(name: str, value: object) -> int:
+    if type(value) is not int or value <= 0:
+        msg = f"{name} must be a positive integer, got {value!r}"
+        raise InvalidConfigError(msg)
+    return value
+
+
+def _assemble(
+    cfg: ModelConfig,
+    layer_specs: dict[str, KVCacheSpec],
+    groups: list[KVCacheGroupSpec],
+    limits: TokenLimits,
+    memory_bytes: int,
+    *,
+    num_blocks: int | None,
+    layout: KVCacheLayout,
+    rule: str,
+    hybrid: bool,
+) -> KVCachePlan:
+    config = get_kv_cache_config(groups, memory_bytes, num_blocks=num_blocks, layout=layout)
+    return KVCachePlan(
+        model=cfg.name,
+        source=cfg.source,
+        kv_cache_config=config,
+        layer_specs=layer_specs,
+        limits=limits,
+        model_max_len=cfg.max_model_len,
+        memory_bytes=memory_bytes,
+        groups=tuple(group_reports(groups, limits)),
+        group_size_rule=rule,
+        hybrid=hybrid,
+    )
+
+
+def plan(
+    model: str | os.PathLike[str] | ModelConfig,
+    *,
+    memory: int | str = "80GiB",
+    max_model_len: int | None = None,
+    block_size: int | None = None,
+    dtype: str | None = None,
+    registry: Registry | None = None,
+    group_size_rule: str = "reference",
+    max_num_batched_tokens: int | None = None,
+    num_blocks: int | None = None,
+    layout: KVCacheLayout = "layer_outer",
+    hybrid: bool = True,
+    mamba_cache_mode: str = "align",
+) -> KVCachePlan:
+    """Plan the KV cache of a model in an amount of memory.
+
+    Reads the model's config, builds every layer's spec through the plugins
+    (:func:`~kvcore.hookspecs.kvcore_layer_kinds`), aligns state pages with
+    attention pages, groups the layers (:func:`kvcore.get_kv_cache_groups`),
+    checks that one request of ``max_model_len`` tokens fits, and sizes the
+    pool.
+
+    Args:
+        model: A shipped model name (:func:`kvcore.list_models`), a path to a
+            ``config.json`` (or its directory), or a loaded
+            :class:`~kvcore.ModelConfig`.
+        memory: Bytes for the KV cache: an ``int`` or a string such as
+            ``"80GiB"`` or ``"24GB"``.
+        max_model_len: Longest request, in tokens. ``None``: the model's
+            context length, lowered to the longest that fits the memory.
+            Given explicitly, it must fit.
+        block_size: Tokens per attention block (default 16); raised for
+            models with state layers until an attention page holds a state.
+        dtype: KV cache dtype (``"bfloat16"``, ``"fp8"``, ...); default the
+            model's.
+        registry: The plugins to plan with; default :func:`kvcore.load_registry`.
+        group_size_rule: ``"reference"`` (the reference engine's layout) or
+            ``"gcd"`` (kvcore's layout wasting the least; the plan then also
+            carries the reference plan for comparison).
+        max_num_batched_tokens: Tokens scheduled per step (default 8192):
+            sliding-window and chunked layers keep that many beyond the window.
+        num_blocks: Use this many blocks instead of what ``memory`` holds.
+        layout: ``"layer_outer"`` or ``"block_outer"`` (pages of different
+            sizes packed side by side instead of unified).
+        hybrid: ``False``: allocate sliding-window and chunked layers as full
+            attention (engines without the hybrid manager).
+        mamba_cache_mode: ``"align"`` (states cached at block boundaries, for
+            prefix caching) or ``"none"`` (one state per request).
+
+    Returns:
+        The plan; ``plan.kv_cache_config`` and ``plan.max_model_len`` build a
+        :class:`kvcore.KVCacheManager`.
+
+    Raises:
+        InvalidConfigError: unknown model (the message lists the shipped
+            ones), bad option, or layers that cannot be grouped.
+        InsufficientMemoryError: (an ``InvalidConfigError``) the memory cannot
+            hold one request of ``max_model_len`` tokens (or, when fitting, of
+            one token); the message states the memory needed.
+        UnknownSpecError: a layer kind, or a group's spec, is served by no
+            selected plugin.
+    """
+    cfg = model if isinstance(model, ModelConfig) else load_model_config(model)
+    if group_size_rule not in GROUP_SIZE_RULES:
+        msg = (
+            f"group_size_rule must be one of {', '.join(GROUP_SIZE_RULES)}, got {group_size_rule!r}"
+        )
+        raise InvalidConfigError(msg)
+    if mamba_cache_mode not in ("align", "none"):
+        msg = f"mamba_cache_mode must be 'align' or 'none', got {mamba_cache_mode!r}"
+        raise InvalidConfigError(msg)
+    memory_bytes = parse_memory(memory)
+    block = _positive("block_size", DEFAULT_BLOCK_SIZE if block_size is None else block_size)
+    length = _positive(
+        "max_model_len", cfg.max_model_len if max_model_len is None else max_model_len
+    )
+    batched = _positive(
+        "max_num_batched_tokens",
+        DEFAULT_MAX_NUM_BATCHED_TOKENS
+        if max_num_batched_tokens is None
+        else max_num_batched_tokens,
+    )
+    if num_blocks is not None:
+        _positive("num_blocks", num_blocks)
+    if dtype is not None:
+        try:
+            dtype = dtype_name(dtype)
+        except ValueError as exc:
+            msg = f"dtype: {exc}"
+            raise InvalidConfigError(msg) from None
+    registry = load_registry() if registry is None else registry
+    limits = TokenLimits(
+        max_model_len=length,
+        max_num_batched_tokens=batched,
+        max_num_encoder_tokens=cfg.max_num_encoder_tokens,
+    )
+
+    layer_specs = build_layer_specs(
+        cfg,
+        registry,
+        block_size=block,
+        dtype=dtype,
+        max_model_len=length,
+        mamba_cache_mode=mamba_cache_mode,
+    )
+    aligned = align_state_pages(layer_specs)
+
+    def group(rule: str) -> list[KVCacheGroupSpec]:
+        return get_kv_cache_groups(
+            aligned, hybrid=hybrid, layout=layout, group_size_rule=rule, limits=limits
+        )
+
+    groups = group(group_size_rule)
+    for kv_group in groups:
+        registry.manager_class(kv_group.kv_cache_spec)
+    if groups:
+        available = memory_bytes if num_blocks is None else num_blocks * bytes_per_block(groups)
+        if max_model_len is None:
+            fitted = fit_max_model_len(groups, available, limits)
+            if fitted == 0:
+                check_fits(groups, available, attrs.evolve(limits, max_model_len=1))
+            limits = attrs.evolve(limits, max_model_len=fitted)
+        else:
+            check_fits(groups, available, limits)
+    result = _assemble(
+        cfg,
+        layer_specs,
+        groups,
+        limits,
+        memory_bytes,
+        num_blocks=num_blocks,
+        layout=layout,
+        rule=group_size_rule,
+        hybrid=hybrid,
+    )
+    if group_size_rule != "reference":
+        reference = _assemble(
+            cfg,
+            layer_specs,
+            group("reference"),
+            limits,
+            memory_bytes,
+            num_blocks=num_blocks,
+            layout=layout,
+            rule="reference",
+            hybrid=hybrid,
+        )
+        result = attrs.evolve(result, reference=reference)
+    return result
+
+
+def print_plan(model: str | os.PathLike[str] | ModelConfig, **options: Any) -> KVCachePlan:
+    """Plan ``model`` (see :func:`plan`, same options), print its summary and return it.
+
+    The summary lists every group (type, layers, block size, page size,
+    blocks per request, wasted bytes per block), then the block count, the
+    memory one longest request needs, the token capacity, the maximum
+    concurrency and the wasted bytes.
+    """
+    result = plan(model, **options)
+    print(result.summary())
+    return result

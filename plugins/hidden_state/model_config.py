@@ -1,0 +1,30 @@
+"""Hidden-state cache layers from a model config (kind ``"hidden_state"``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import kvcore
+from kvcore_plugins.hidden_state.spec import HiddenStateCacheSpec
+
+__all__ = ["build_hidden_state", "kvcore_layer_kinds"]
+
+
+def build_hidden_state(layer: kvcore.LayerConfig) -> HiddenStateCacheSpec:
+    """One hidden-state vector of ``hidden_size`` elements per token.
+
+    ``num_hidden_state_vectors`` (default 1) stacks several vectors per token,
+    as when a draft model reads the hidden states of several target layers.
+    """
+    return HiddenStateCacheSpec(
+        block_size=layer.block_size,
+        num_kv_heads=int(layer.get("num_hidden_state_vectors", default=1)),
+        head_size=int(layer.require("hidden_size", "d_model")),
+        dtype=layer.state_dtype,
+    )
+
+
+@kvcore.hookimpl
+def kvcore_layer_kinds() -> dict[str, Callable[[kvcore.LayerConfig], HiddenStateCacheSpec]]:
+    """Claim ``"hidden_state"`` layers (listed in a config's ``layer_types``)."""
+    return {"hidden_state": build_hidden_state}
