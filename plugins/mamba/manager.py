@@ -77,8 +77,8 @@ class MambaManager(SingleTypeManager[MambaSpec]):
         EAGLE drops nothing (the draft model has no state layers).
 
         Returns:
-            One list per group id: ``i`` null blocks, then the cached state
-            block; empty lists when no aligned state is cached.
+            Per group id, ``i`` null blocks followed by the cached state
+            block, or an empty list when no aligned state is cached.
         """
         block_size = kv_cache_spec.block_size
         max_blocks = max_length // block_size

@@ -66,7 +66,8 @@ class SlidingWindowManager(SingleTypeManager[SlidingWindowSpec]):
         instead of ``max_blocks``, with the same result as probing every block.
 
         Returns:
-            One list per group id: null blocks, then the run's cached blocks.
+            Per group id, a list of null blocks followed by the run's cached
+            blocks.
         """
         block_size = kv_cache_spec.block_size
         max_blocks = max_length // block_size

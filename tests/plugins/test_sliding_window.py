@@ -325,6 +325,8 @@ def test_window_blocks_are_freed_as_a_request_decodes_and_still_hit():
     hit, num_hit = manager.get_computed_blocks(b)
     assert num_hit == 16
     assert hit.blocks == ([NULL, NULL, 3, 4],)
+    manager.evict_blocks([1, 2])  # the window's earlier blocks are not needed
+    assert manager.get_computed_blocks(b) == (hit, 16)
 
 
 def test_eagle_needs_one_more_block_then_drops_it():
