@@ -11,9 +11,9 @@ import attrs
 
 from kvcore._hashing import HASH_ALGORITHMS
 from kvcore._kv_cache_manager import KVCacheManager
+from kvcore._planning.plan import plan as make_plan
 from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
-from kvcore._sim._standin_plan import plan as make_plan
 from kvcore._sim.ceiling import prefix_reuse_ceiling
 from kvcore._sim.metrics import OP_KINDS, percentile
 from kvcore._sim.report import SimulationReport
@@ -93,7 +93,8 @@ def simulate(
 
     Raises:
         KVCoreError: an unknown model, memory below one ``max_model_len``
-            request, a request the pool cannot hold.
+            request, no request short enough for ``max_model_len``, a request
+            the pool cannot hold.
     """
     options = options or SimulationOptions()
     started = time.perf_counter()
@@ -123,6 +124,14 @@ def simulate(
         if trace.output_length > room:
             capped += 1
         accepted.append(SimRequest(trace, min(trace.output_length, room)))
+    if workload.requests and not accepted:
+        longest = max(r.input_length for r in workload.requests)
+        msg = (
+            f"every request of {workload.name} is too long for max_model_len={max_model_len} "
+            f"(the longest prompt has {longest} tokens, and one output token needs room); "
+            "raise --max-model-len, or --memory if max_model_len was lowered to fit it"
+        )
+        raise InvalidConfigError(msg)
     cacheable = [g["block_size"] for g in groups if g["prefix_cached"]]
     granularity = math.lcm(*cacheable) if cacheable else 1
     ceiling = prefix_reuse_ceiling([r.trace for r in accepted], granularity)

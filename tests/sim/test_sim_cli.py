@@ -100,7 +100,8 @@ def test_malformed_line_stops_with_file_line_and_reason(tmp_path, capsys):
         (["--max-num-seqs", "0"], "max_num_seqs must be a positive integer"),
         (["--plot", "out.svg"], "give a file name ending in .png"),
         (["no-such-model"], "unknown model 'no-such-model'"),
-        (["--memory", "10MiB"], "needs"),
+        (["--memory", "10MiB", "--max-model-len", "32768"], "give at least 963.75 MiB"),
+        (["--memory", "10MiB"], "too long for max_model_len=192"),
         (["--only", "nope"], "nope"),
     ],
 )
