@@ -105,6 +105,12 @@ def add_parser(subparsers: Any) -> None:
         "simulation) or 'sha256' (what a multi-process engine uses)",
     )
     parser.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="turn prefix caching off: every prompt is computed in full (the ceiling is "
+        "still reported); needed for models with cross attention",
+    )
+    parser.add_argument(
         "--seed",
         type=int,
         metavar="N",
@@ -157,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         hash_algorithm=args.hash,
+        enable_caching=not args.no_prefix_caching,
         scheduler=scheduler,
     )
     workload = load_workload(

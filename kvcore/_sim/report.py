@@ -57,16 +57,22 @@ def format_report(report: SimulationReport) -> str:
     wl, plan, sched = d["workload"], d["plan"], d["scheduler"]
     pc, pre, blocks, steps = d["prefix_cache"], d["preemptions"], d["blocks"], d["steps"]
     mgr, timing = d["manager"], d["timing"]
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for g in plan["groups"]:
+        by_kind.setdefault(g["kind"], []).append(g)
     groups = ", ".join(
-        f"{g['kind']} ×{g['layers']} (block {g['block_size']})" for g in plan["groups"]
+        f"{kind} ({sum(g['layers'] for g in gs)} layers, {len(gs)} group"
+        f"{'s' if len(gs) > 1 else ''}, block {gs[0]['block_size']})"
+        for kind, gs in by_kind.items()
     )
     lines = [
         f"kvcore simulate: {d['model']} on {wl['name']}",
-        f"  plan         {len(plan['groups'])} group(s): {groups}; {plan['num_blocks']:,} blocks, "
+        f"  plan         {groups}; {plan['num_blocks']:,} blocks, "
         f"max_model_len {plan['max_model_len']:,}, {plan['memory']}",
         f"  scheduler    {sched['max_num_batched_tokens']:,} tokens/step, "
         f"<= {sched['max_num_seqs']} running, arrivals {sched['arrival']}, step cost "
-        f"{sched['step_ms']:g} ms + {sched['token_us']:g} µs/token, {sched['hash_algorithm']} hash",
+        f"{sched['step_ms']:g} ms + {sched['token_us']:g} µs/token, "
+        + (f"{sched['hash_algorithm']} hash" if sched["prefix_caching"] else "prefix caching off"),
         f"  requests     {d['finished']:,} finished of {wl['requests']:,}; "
         f"{wl['rejected_too_long']} rejected (prompt >= max_model_len), "
         f"{wl['output_capped']} outputs capped, {wl['bad_lines']} bad lines skipped",

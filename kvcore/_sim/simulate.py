@@ -44,6 +44,8 @@ class SimulationOptions:
         block_size: Tokens per block (default: the planner's choice).
         hash_algorithm: ``"fast"`` (default: cheaper, fine for simulation) or
             ``"sha256"`` (what a multi-process engine uses).
+        enable_caching: Prefix caching on (off: every prompt is computed in
+            full; the ceiling is still reported).
         scheduler: Scheduler limits and step cost.
     """
 
@@ -52,6 +54,7 @@ class SimulationOptions:
     max_model_len: int | None = None
     block_size: int | None = None
     hash_algorithm: str = attrs.field(default="fast", validator=_hash_algorithm)
+    enable_caching: bool = True
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
 
 
@@ -66,7 +69,7 @@ def _group_rows(config: Any, registry: Registry) -> list[dict[str, Any]]:
                 "layers": len(group.layer_names),
                 "block_size": spec.block_size,
                 "page_size_bytes": spec.page_size_bytes,
-                "prefix_cached": registry.manager_class(spec).supports_prefix_caching,
+                "prefix_cached": registry.manager_class(spec).is_prefix_cacheable(spec),
             }
         )
     return rows
@@ -109,10 +112,22 @@ def simulate(
     )
     config = plan.kv_cache_config
     max_model_len = plan.max_model_len
-    manager = KVCacheManager(
-        config, max_model_len, registry=registry, hash_algorithm=options.hash_algorithm
-    )
     groups = _group_rows(config, registry)
+    never_cached = sorted({g["kind"] for g in groups if not g["prefix_cached"]})
+    if options.enable_caching and never_cached:
+        msg = (
+            f"{options.model} has KV cache groups that are never prefix-cached "
+            f"({', '.join(never_cached)}), and the other groups depend on them; "
+            "simulate it with prefix caching off (--no-prefix-caching)"
+        )
+        raise InvalidConfigError(msg)
+    manager = KVCacheManager(
+        config,
+        max_model_len,
+        registry=registry,
+        hash_algorithm=options.hash_algorithm,
+        enable_caching=options.enable_caching,
+    )
 
     accepted: list[SimRequest] = []
     rejected = capped = 0
@@ -181,6 +196,7 @@ def simulate(
         "scheduler": {
             **attrs.asdict(options.scheduler),
             "hash_algorithm": options.hash_algorithm,
+            "prefix_caching": options.enable_caching,
         },
         "finished": scheduler.num_finished,
         "prefix_cache": {

@@ -92,3 +92,17 @@ def test_every_request_too_long_is_an_error():
     # 10 MiB fits max_model_len=192 (lowered to fit); the prompts are longer.
     with pytest.raises(InvalidConfigError, match=r"every request .* max_model_len=192"):
         simulate(load_workload(limit=5), SimulationOptions(memory="10MiB"))
+
+
+def test_prefix_caching_off_hits_nothing():
+    data = simulate(
+        load_workload(limit=100), SimulationOptions(memory="2GiB", enable_caching=False)
+    ).data
+    assert data["prefix_cache"]["hit_tokens"] == 0
+    assert data["prefix_cache"]["ceiling_rate"] > 0.3
+    assert data["finished"] == 100
+
+
+def test_a_model_with_uncacheable_groups_needs_caching_off():
+    with pytest.raises(InvalidConfigError, match=r"\(cross_attention\).*--no-prefix-caching"):
+        simulate(load_workload(limit=5), SimulationOptions(model="whisper-large-v3"))
