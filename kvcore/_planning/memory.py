@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Final
 
@@ -63,11 +64,22 @@ def parse_memory(value: int | str) -> int:
     return int(number * _UNITS[unit or "b"])
 
 
-def format_bytes(num_bytes: int) -> str:
-    """``num_bytes`` in binary units with up to two decimals: ``"80.00 GiB"``, ``"512 B"``."""
-    size = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
+def format_bytes(num_bytes: int, *, round_up: bool = False) -> str:
+    """``num_bytes`` in binary units with two decimals: ``"80.00 GiB"``, ``"512 B"``.
+
+    Args:
+        num_bytes: The amount.
+        round_up: Round the last decimal up instead of to nearest, so that a
+            stated minimum is never below the exact amount.
+    """
+    if abs(num_bytes) < 1024:
+        return f"{num_bytes} B"
+    size = num_bytes / 1024
+    unit = "KiB"
+    for bigger in ("MiB", "GiB", "TiB"):
         if abs(size) < 1024:
-            return f"{int(size)} B" if unit == "B" else f"{size:.2f} {unit}"
-        size /= 1024
-    return f"{size:.2f} TiB"
+            break
+        size, unit = size / 1024, bigger
+    if round_up:
+        size = math.ceil(size * 100) / 100
+    return f"{size:.2f} {unit}"

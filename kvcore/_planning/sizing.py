@@ -116,7 +116,8 @@ def check_fits(
         f"one request of max_model_len={limits.max_model_len} tokens needs "
         f"{needed} bytes ({format_bytes(needed)}) of KV cache, including the null block, "
         f"but only {available_memory} bytes ({format_bytes(available_memory)}) are "
-        f"available: give at least {format_bytes(needed)} ({needed} bytes), or {hint}"
+        f"available: give at least {format_bytes(needed, round_up=True)} ({needed} bytes), "
+        f"or {hint}"
     )
     raise InsufficientMemoryError(msg)
 

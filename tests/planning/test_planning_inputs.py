@@ -1,0 +1,281 @@
+"""Model configs → layer kinds → specs, and the errors of unplannable inputs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+from planning_helpers import BUILTIN_PLUGINS, registry
+
+import kvcore
+from kvcore.errors import (
+    HookImplementationError,
+    InvalidConfigError,
+    PluginConflictError,
+    UnknownSpecError,
+)
+from kvcore_plugins.full_attention import FullAttentionSpec
+
+
+def kinds(model: str) -> list[str]:
+    return [layer.kind for layer in kvcore.load_model_config(model).layers]
+
+
+def test_layer_kinds_derived_from_each_config_style():
+    assert kinds("gpt-oss-20b")[:4] == ["sliding_attention", "full_attention"] * 2  # layer_types
+    assert kinds("gemma-2-9b")[:3] == ["sliding_attention", "full_attention", "sliding_attention"]
+    gemma3 = kinds("gemma-3-27b")
+    assert [i for i, k in enumerate(gemma3) if k == "full_attention"] == list(range(5, 62, 6))
+    llama4 = kinds("llama-4-scout")
+    assert [i for i, k in enumerate(llama4) if k == "full_attention"] == list(range(3, 48, 4))
+    assert set(llama4) == {"full_attention", "chunked_attention"}
+    jamba = kinds("jamba-v0.1")
+    assert [i for i, k in enumerate(jamba) if k == "full_attention"] == [4, 12, 20, 28]
+    qwen = kinds("qwen3-next-80b")
+    assert [i for i, k in enumerate(qwen) if k == "full_attention"] == list(range(3, 48, 4))
+    assert set(kinds("mistral-7b")) == {"sliding_attention"}
+    assert set(kinds("deepseek-v3")) == {"mla_attention"}
+    assert set(kinds("llama-3-8b")) == {"full_attention"}
+
+
+def test_encoder_decoder_layers_have_self_and_cross_attention():
+    config = kvcore.load_model_config("whisper-large-v3")
+    assert [(layer.name, layer.kind) for layer in config.layers[:2]] == [
+        ("model.decoder.layers.0.self_attn", "full_attention"),
+        ("model.decoder.layers.0.encoder_attn", "cross_attention"),
+    ]
+    assert (config.max_model_len, config.max_num_encoder_tokens) == (448, 1500)
+
+
+def test_nested_text_config_is_merged_and_vision_dropped():
+    config = kvcore.load_model_config("gemma-3-27b")
+    assert config.config["num_hidden_layers"] == 62
+    assert config.dtype == "bfloat16"
+    assert "vision_config" not in config.config
+
+
+def test_specs_built_by_the_plugins():
+    config = kvcore.load_model_config("deepseek-v3")
+    specs = kvcore.build_layer_specs(config, registry(), block_size=64)
+    spec = specs["model.layers.0.self_attn"]
+    assert (type(spec).__name__, spec.head_size, spec.num_kv_heads, spec.block_size) == (
+        "MLAAttentionSpec",
+        576,
+        1,
+        64,
+    )
+    config = kvcore.load_model_config("qwen3-next-80b")
+    specs = kvcore.build_layer_specs(config, registry(), block_size=16, dtype="fp8")
+    state = specs["model.layers.0.linear_attn"]
+    assert state.shapes == ((3, 8192), (32, 128, 128))
+    assert state.dtypes == ("bfloat16", "bfloat16")  # states keep the model dtype
+    assert specs["model.layers.3.self_attn"].dtype == "float8_e4m3fn"
+
+
+def test_a_config_path_and_its_directory(tmp_path):
+    data = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "hidden_size": 256,
+        "max_position_embeddings": 1024,
+        "torch_dtype": "float16",
+    }
+    folder = tmp_path / "tiny-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(data))
+    for source in (folder, folder / "config.json", str(folder / "config.json")):
+        p = kvcore.plan(source, memory="1GiB", registry=registry())
+        assert p.model == "tiny-model"
+        assert p.groups[0].page_sizes == (16 * 4 * 128 * 2,)
+
+
+def write_config(tmp_path, **fields) -> str:
+    base = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "hidden_size": 256,
+        "max_position_embeddings": 1024,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**base, **fields}))
+    return str(path)
+
+
+# -- unplannable inputs -------------------------------------------------------------------
+
+
+def test_unknown_model_lists_the_shipped_ones():
+    with pytest.raises(InvalidConfigError) as info:
+        kvcore.plan("gemma-4-1t", registry=registry())
+    message = str(info.value)
+    assert "unknown model 'gemma-4-1t'" in message
+    assert "gemma-3-27b, gpt-oss-120b" in message
+
+
+def test_memory_below_one_request_states_the_minimum():
+    with pytest.raises(kvcore.InsufficientMemoryError) as info:
+        kvcore.plan("llama-3-8b", memory="1GiB", max_model_len=8192, registry=registry())
+    message = str(info.value)
+    assert "needs 1075838976 bytes (1.00 GiB)" in message
+    assert "give at least 1.01 GiB (1075838976 bytes), or lower max_model_len to at most 8176" in (
+        message
+    )
+
+
+def test_memory_below_one_token_states_the_minimum():
+    with pytest.raises(kvcore.InsufficientMemoryError, match="max_model_len=1 tokens needs"):
+        kvcore.plan("llama-3-8b", memory="3MiB", registry=registry())
+
+
+def test_layer_kind_no_plugin_recognizes(tmp_path):
+    path = write_config(tmp_path, layer_types=["full_attention", "dilated_attention"])
+    with pytest.raises(UnknownSpecError) as info:
+        kvcore.plan(path, registry=registry())
+    message = str(info.value)
+    assert "layer 'model.layers.1.self_attn' has kind 'dilated_attention'" in message
+    assert "sliding_attention (sliding_window)" in message
+    assert "kvcore_layer_kinds hook" in message
+
+
+def test_layer_kind_of_an_unselected_plugin():
+    only_full = kvcore.load_registry(only=["full_attention"])
+    with pytest.raises(UnknownSpecError, match=r"Installed but not selected: .*sliding_window"):
+        kvcore.plan("gemma-3-27b", registry=only_full)
+
+
+def test_missing_config_field_is_named(tmp_path):
+    path = write_config(tmp_path, layer_types=["full_attention", "sliding_attention"])
+    with pytest.raises(InvalidConfigError, match=r"needs 'sliding_window' in its config\.json"):
+        kvcore.plan(path, registry=registry())
+    path = write_config(tmp_path, layer_types=["full_attention"])
+    with pytest.raises(InvalidConfigError, match=r"one kind per layer \(2 layers"):
+        kvcore.plan(path, registry=registry())
+
+
+def test_pages_that_cannot_be_unified(tmp_path):
+    # MLA rows (576 bf16 = 1152 bytes/token) cannot be padded to a chunked
+    # layer's 8 × 256 × 2 = 4096 bytes/token page, and chunked layers rule out
+    # the allocation-only fallback.
+    path = write_config(
+        tmp_path,
+        num_key_value_heads=8,
+        head_dim=128,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        attention_chunk_size=64,
+        layer_types=["full_attention", "chunked_attention"],
+    )
+    with pytest.raises(InvalidConfigError) as info:
+        kvcore.plan(path, registry=registry())
+    message = str(info.value)
+    assert "layer 'model.layers.0.self_attn' (MLAAttentionSpec, page 18432 bytes)" in message
+    assert "layout='block_outer'" in message
+    p = kvcore.plan(path, registry=registry(), layout="block_outer")
+    assert [g.num_layers for g in p.groups] == [1, 1]
+
+
+def test_bad_options():
+    cases = [
+        ({"memory": "80G"}, "ambiguous"),
+        ({"block_size": 0}, "block_size must be a positive integer"),
+        ({"max_model_len": -5}, "max_model_len must be a positive integer"),
+        ({"group_size_rule": "best"}, "group_size_rule must be one of reference, gcd"),
+        ({"dtype": "float13"}, "dtype: unknown dtype 'float13'"),
+        ({"layout": "diagonal"}, "layout must be one of layer_outer, block_outer"),
+        ({"mamba_cache_mode": "all"}, "mamba_cache_mode must be 'align' or 'none'"),
+    ]
+    for options, message in cases:
+        with pytest.raises(InvalidConfigError, match=message):
+            kvcore.plan("gpt-oss-20b", registry=registry(), **options)
+
+
+def test_hybrid_disabled_plan_and_unplannable_unified_mode(tmp_path):
+    p = kvcore.plan("gpt-oss-20b", memory="8GiB", hybrid=False, registry=registry())
+    assert [g.kind for g in p.groups] == ["full_attention"]
+    assert p.groups[0].num_layers == 24
+    path = write_config(
+        tmp_path,
+        sliding_window=64,
+        attention_chunk_size=64,
+        layer_types=["sliding_attention", "chunked_attention"],
+    )
+    with pytest.raises(InvalidConfigError, match="hybrid KV cache manager is disabled"):
+        kvcore.plan(path, hybrid=False, registry=registry())
+
+
+# -- the kvcore_layer_kinds hook -------------------------------------------------------------
+
+
+def _module_plugin(name: str, **hooks) -> types.ModuleType:
+    module = types.ModuleType(name)
+    for hook_name, function in hooks.items():
+        setattr(module, hook_name, kvcore.hookimpl(function))
+    sys.modules[name] = module
+    return module
+
+
+def test_a_third_party_plugin_claims_its_own_kind(tmp_path):
+    def build(layer):
+        return FullAttentionSpec(
+            block_size=layer.block_size, num_kv_heads=1, head_size=32, dtype=layer.dtype
+        )
+
+    def kvcore_layer_kinds():
+        return {"dilated_attention": build}
+
+    plugin = _module_plugin("kvtest_dilated_kinds", kvcore_layer_kinds=kvcore_layer_kinds)
+    try:
+        extended = kvcore.load_registry(
+            only=[*BUILTIN_PLUGINS, "dilated"], plugins={"dilated": plugin}
+        )
+        path = write_config(tmp_path, layer_types=["full_attention", "dilated_attention"])
+        p = kvcore.plan(path, memory="1GiB", registry=extended)
+        assert p.layer_specs["model.layers.1.self_attn"].head_size == 32
+    finally:
+        del sys.modules["kvtest_dilated_kinds"]
+
+
+def test_two_plugins_claiming_one_kind_conflict():
+    def kvcore_layer_kinds():
+        return {"full_attention": lambda layer: None}
+
+    plugin = _module_plugin("kvtest_dup_kinds", kvcore_layer_kinds=kvcore_layer_kinds)
+    try:
+        both = kvcore.load_registry(only=[*BUILTIN_PLUGINS, "dup"], plugins={"dup": plugin})
+        with pytest.raises(PluginConflictError, match="'full_attention' is claimed by plugin"):
+            kvcore.plan("llama-3-8b", registry=both)
+    finally:
+        del sys.modules["kvtest_dup_kinds"]
+
+
+def test_builders_must_return_specs():
+    def kvcore_layer_kinds():
+        return {"full_attention": lambda layer: "not a spec"}
+
+    plugin = _module_plugin("kvtest_bad_kinds", kvcore_layer_kinds=kvcore_layer_kinds)
+    try:
+        bad = kvcore.load_registry(only=["bad"], plugins={"bad": plugin})
+        with pytest.raises(HookImplementationError, match="returned 'not a spec'"):
+            kvcore.plan("llama-3-8b", registry=bad)
+    finally:
+        del sys.modules["kvtest_bad_kinds"]
+
+
+def test_layer_config_helpers():
+    layer = kvcore.LayerConfig(
+        name="x",
+        index=0,
+        kind="full_attention",
+        model="m",
+        config={"num_attention_heads": 8, "hidden_size": 512},
+        block_size=16,
+        dtype="bfloat16",
+        state_dtype="bfloat16",
+        max_model_len=128,
+    )
+    assert (layer.num_kv_heads, layer.head_size) == (8, 64)
+    assert layer.get("missing", "hidden_size") == 512
+    with pytest.raises(InvalidConfigError, match=r"model 'm': layer 'x' .* needs 'window'"):
+        layer.require("window")
