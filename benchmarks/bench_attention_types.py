@@ -27,6 +27,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import random
 import sys
@@ -404,10 +405,12 @@ def bench_allocation_paths(args: argparse.Namespace, vllm: Any | None) -> bool:
         best_kv = best_vl = float("inf")
         res_kv = res_vl = None
         for _ in range(args.repeat):  # alternate, so machine drift hits both alike
+            gc.collect()
             start = time.perf_counter()
             res_kv = replay_kvcore(case, ops, prompts, num_blocks, bs)
             best_kv = min(best_kv, time.perf_counter() - start)
             if vllm is not None:
+                gc.collect()
                 start = time.perf_counter()
                 res_vl = replay_vllm(vllm, case, ops, prompts, num_blocks, bs)
                 best_vl = min(best_vl, time.perf_counter() - start)
