@@ -478,3 +478,19 @@ def test_irreconcilable_configs_are_refused_before_anything_is_built(
     with pytest.raises(InvalidConfigError, match=match):
         make(registry, specs, 20, **options)
     make(registry, specs, 20, enable_caching=False, **options)
+
+
+def test_events_name_each_groups_kind(registry):
+    """Full, SW(32) and Mamba (align), block 16 (notes §9.4 #37): a 40-token prompt.
+
+    Each group caches 2 blocks and reports one ``BlockStored`` with its group
+    index and its attention kind.
+    """
+    manager = make(registry, [full(), sw(32), mamba()], 20, enable_kv_cache_events=True)
+    admit(manager, kvcore.Request("a", list(range(40))))
+    stored = [e for e in manager.take_events() if isinstance(e, kvcore.BlockStored)]
+    assert [(e.group_idx, e.kind, len(e.block_hashes)) for e in stored] == [
+        (0, "full_attention", 2),
+        (1, "sliding_window", 2),
+        (2, "mamba", 2),
+    ]

@@ -174,3 +174,21 @@ def test_unknown_cache_mode_is_refused():
         InvalidSpecError, match=r"MambaSpec\.mamba_cache_mode must be .none. .*got .all."
     ):
         MambaSpec(block_size=16, shapes=((2,),), dtypes=("float32",), mamba_cache_mode="all")
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"page_size_padded": 10}, r"MambaSpec\.page_size_padded \(10 bytes\) is smaller than "),
+        (
+            {"num_speculative_blocks": -1},
+            r"MambaSpec\.num_speculative_blocks must be an integer >= 0",
+        ),
+        ({"dtypes": ("float31",)}, r"MambaSpec\.dtypes: unknown dtype 'float31'"),
+        ({"block_size": 0}, r"MambaSpec\.block_size must be a positive integer"),
+    ],
+)
+def test_other_spec_fields_are_validated(fields, match):
+    values = {"block_size": 16, "shapes": ((2, 8),), "dtypes": ("float32",), **fields}
+    with pytest.raises(InvalidSpecError, match=match):
+        MambaSpec(**values)

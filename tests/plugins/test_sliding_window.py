@@ -15,6 +15,7 @@ from kvplugin_helpers import NULL, cached_pattern, make_manager, sw, tokens
 
 import kvcore
 from kvcore.errors import InvalidSpecError
+from kvcore.managers import BlockHashView
 from kvcore.testing import admit
 from kvcore_plugins.sliding_window import SlidingWindowManager, contiguous_blocks_needed
 from kvcore_plugins.sliding_window.spec import SlidingWindowSpec
@@ -151,6 +152,19 @@ def test_a_hit_needs_the_blocks_in_every_group_of_the_spec_group():
     pool.evict_blocks([tables[1][3]])  # position 3 only in group 0 now
     hits, _ = jump(hashes, 8, [0, 1], pool, spec, False, 2)
     assert hits == ([NULL, tables[0][1], tables[0][2]], [NULL, tables[1][1], tables[1][2]])
+
+
+def test_blocks_larger_than_the_hash_unit_use_the_hash_of_their_last_unit():
+    """Block 4, window 8, hashes every 2 tokens (notes §9.5 #48, alignment 4 here).
+
+    Unit hashes h0-h3 seen per block are (h1, h3); blocks cached under h1 and
+    h3 make a run of 2 blocks: a hit of 8 tokens with both blocks.
+    """
+    pool, hashes, (table,) = cached_pattern([T, T], 4)
+    units = ["u0", hashes[0], "u2", hashes[1]]
+    view = BlockHashView(units, 2)
+    (hit,), _ = jump(view, 8, [0], pool, sw(8, block_size=4), False, 4)
+    assert hit == table
 
 
 # -- the jump search against the plain scan ----------------------------------------------------
