@@ -12,12 +12,12 @@ import sys
 from collections.abc import Sequence
 
 from kvcore import __version__
-from kvcore._cli import plugins_cmd, simulate_cmd, workload_cmd
+from kvcore._cli import plan_cmd, plugins_cmd, simulate_cmd, workload_cmd
 from kvcore.errors import KVCoreError
 
 __all__ = ["build_parser", "main"]
 
-SUBCOMMANDS = (plugins_cmd, simulate_cmd, workload_cmd)
+SUBCOMMANDS = (plan_cmd, plugins_cmd, simulate_cmd, workload_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Final
 
@@ -74,12 +73,12 @@ def format_bytes(num_bytes: int, *, round_up: bool = False) -> str:
     """
     if abs(num_bytes) < 1024:
         return f"{num_bytes} B"
-    size = num_bytes / 1024
-    unit = "KiB"
+    scale, unit = 1024, "KiB"
     for bigger in ("MiB", "GiB", "TiB"):
-        if abs(size) < 1024:
+        if abs(num_bytes) < scale * 1024:
             break
-        size, unit = size / 1024, bigger
+        scale, unit = scale * 1024, bigger
     if round_up:
-        size = math.ceil(size * 100) / 100
-    return f"{size:.2f} {unit}"
+        hundredths = -(-num_bytes * 100 // scale)  # exact ceiling, no float error
+        return f"{hundredths // 100}.{hundredths % 100:02d} {unit}"
+    return f"{num_bytes / scale:.2f} {unit}"

@@ -211,15 +211,14 @@ class KVCachePlan:
             f"of the pool at max_model_len; {self.padding_slots} padding layer slots)",
         ]
         if self.reference is not None:
-            ref = self.reference
-            lines += [
-                "",
-                f"reference group size for comparison: {len(ref.groups)} groups, "
-                f"{ref.padding_slots} padding slots, {ref.num_blocks} blocks, max concurrency "
-                f"{ref.max_concurrency:.2f}, wasted {format_bytes(ref.wasted_bytes)} "
-                f"({ref.waste_fraction:.2%}); {self.group_size_rule}: {len(self.groups)} groups, "
-                f"{self.padding_slots} padding slots",
-            ]
+            lines += ["", "group size rules side by side:"]
+            for label, other in (("reference", self.reference), (self.group_size_rule, self)):
+                lines.append(
+                    f"  {label + ':':<11}{len(other.groups)} groups, {other.padding_slots} "
+                    f"padding slots, {other.num_blocks} blocks, max concurrency "
+                    f"{other.max_concurrency:.2f}, wasted {format_bytes(other.wasted_bytes)} "
+                    f"({other.waste_fraction:.2%})"
+                )
         return "\n".join(lines)
 
 

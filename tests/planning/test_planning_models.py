@@ -211,7 +211,9 @@ def test_gcd_rule_reported_next_to_the_reference():
     assert [g.num_layers for g in p.groups] == [5] * 8 + [4] * 3 + [5, 5]
     assert p.wasted_bytes_per_request < p.reference.wasted_bytes_per_request
     assert p.max_concurrency > p.reference.max_concurrency
-    assert "reference group size for comparison: 7 groups, 8 padding slots" in p.summary()
+    summary = p.summary()
+    assert "  reference: 7 groups, 8 padding slots, 65536 blocks, max concurrency 5.62" in summary
+    assert "  gcd:       13 groups, 3 padding slots, 131072 blocks, max concurrency 5.77" in summary
     data = p.to_dict()
     assert data["reference"]["padding_slots"] == 8
 

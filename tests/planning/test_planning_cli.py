@@ -1,0 +1,121 @@
+"""``kvcore plan``: output, JSON, options, errors, and its reference section."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from planning_helpers import BUILTIN_PLUGINS
+
+import kvcore
+from kvcore._cli.main import build_parser, main
+
+ONLY = ["--only", ",".join(BUILTIN_PLUGINS)]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_plan_prints_groups_blocks_capacity_and_waste(capsys):
+    assert main(["plan", "gemma-3-27b", *ONLY]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("gemma-3-27b: 62 cache layers (52 sliding_window, 10 full_attention)")
+    rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d+  \w", line)]
+    assert [row[1] for row in rows] == ["sliding_window"] * 6 + ["full_attention"]
+    assert [row[2] for row in rows] == ["9", "9", "9", "9", "8", "8", "10"]
+    assert rows[-1][3:] == ["5,11,17,23,…,59", "16", "128.00", "KiB", "8192", "0", "B"]
+    assert "blocks:          65536 of 1.25 MiB (80.00 GiB in all)" in out
+    assert "token capacity:  737080 tokens" in out
+    assert "max concurrency: 5.62 requests of 131072 tokens" in out
+    assert "(3.96% of the pool at max_model_len; 8 padding layer slots)" in out
+
+
+def test_plan_json_matches_the_api(capsys):
+    argv = ["plan", "gpt-oss-20b", "--memory", "24GB", "--max-model-len", "32768", "--json"]
+    assert main([*argv, *ONLY]) == 0
+    data = json.loads(capsys.readouterr().out)
+    expected = kvcore.plan(
+        "gpt-oss-20b",
+        memory=24 * 10**9,
+        max_model_len=32768,
+        registry=kvcore.load_registry(only=list(BUILTIN_PLUGINS)),
+    )
+    assert data == json.loads(json.dumps(expected.to_dict()))
+    assert data["num_blocks"] == 24 * 10**9 // 393_216
+
+
+def test_plan_options_reach_the_planner(capsys):
+    argv = [
+        "plan",
+        "gemma-3-27b",
+        "--block-size",
+        "32",
+        "--dtype",
+        "fp8",
+        "--max-num-batched-tokens",
+        "2048",
+        "--num-blocks",
+        "20000",
+        "--group-size-rule",
+        "gcd",
+        "--json",
+        *ONLY,
+    ]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["num_blocks"] == 20000
+    assert data["max_num_batched_tokens"] == 2048
+    assert data["group_size_rule"] == "gcd"
+    assert data["reference"]["padding_slots"] == 8
+    assert {g["block_size"] for g in data["groups"]} == {32}
+    # fp8: 16 heads x 256 x 1 byte x 32 tokens.
+    assert {tuple(g["page_sizes"]) for g in data["groups"]} == {(131_072,)}
+
+
+def test_plan_layout_hybrid_and_mamba_options(capsys):
+    assert main(["plan", "gpt-oss-20b", "--no-hybrid", "--json", *ONLY]) == 0
+    assert [g["kind"] for g in json.loads(capsys.readouterr().out)["groups"]] == ["full_attention"]
+    assert main(["plan", "jamba-v0.1", "--mamba-cache-mode", "none", "--json", *ONLY]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["groups"][0]["pages_per_request"] == 1
+    assert main(["plan", "llama-3-8b", "--layout", "block-outer", "--json", *ONLY]) == 0
+    assert json.loads(capsys.readouterr().out)["layout"] == "block_outer"
+
+
+def test_list_models(capsys):
+    assert main(["plan", "--list-models"]) == 0
+    assert capsys.readouterr().out.split() == kvcore.list_models()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["no-such-model"], "unknown model 'no-such-model'"),
+        ([], "give a MODEL"),
+        (["llama-3-8b", "--memory", "512MiB", "--max-model-len", "8192"], "give at least 1.01 GiB"),
+        (["llama-3-8b", "--memory", "3MiB"], "not even a 1-token request fits"),
+        (["llama-3-8b", "--memory", "80G"], "ambiguous"),
+        (["llama-3-8b", "--block-size", "0"], "block_size must be a positive integer"),
+        (["gemma-3-27b", "--only", "full_attention"], "kind 'sliding_attention'"),
+    ],
+)
+def test_bad_input_is_one_line_with_exit_status_2(capsys, argv, message):
+    assert main(["plan", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvcore: error: ")
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_every_option_is_in_the_cli_reference():
+    text = (REPO / "docs" / "reference" / "cli.rst").read_text()
+    section = text.split("\nkvcore plan\n---", 1)[1]
+    section = re.split(r"\n[^\n]+\n-{3,}\n", section, maxsplit=1)[0]
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices["plan"]
+    options = [
+        s for a in sub._actions for s in a.option_strings if s.startswith("--") and s != "--help"
+    ]
+    assert len(options) == 14
+    missing = [o for o in options if f".. option:: {o}" not in section]
+    assert not missing
