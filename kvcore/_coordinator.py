@@ -222,6 +222,12 @@ class HybridCoordinator(KVCacheCoordinator):
     candidate shrinks, and may only shrink it further, until a whole pass
     leaves it unchanged (it only decreases, so this terminates). Hit lengths
     are multiples of the least common multiple of the groups' block sizes.
+
+    With EAGLE a group must also hold the block after the hit: it is looked up
+    one block past the candidate and drops that block again. Each group does
+    this once per candidate length, and again whenever the candidate shrinks
+    (a check at a longer length says nothing about the block after a shorter
+    one).
     """
 
     def __init__(self, config: KVCacheConfig, registry: Registry, **kwargs: Any) -> None:
