@@ -390,9 +390,16 @@ def make_coordinator(
             if not ok
         ]
         if uncacheable:
+            # Other groups' KV was computed from the uncacheable group's
+            # per-request state, so reusing it for another request is wrong.
+            why = (
+                "and the other groups' KV depends on it"
+                if len(uncacheable) < num_groups
+                else "so no block could ever be reused"
+            )
             msg = (
                 f"prefix caching cannot be enabled: {', '.join(uncacheable)} is never "
-                "cached, and the other groups' KV depends on it; pass enable_caching=False"
+                f"cached, {why}; pass enable_caching=False"
             )
             raise InvalidConfigError(msg)
     hash_block_size = hash_block_size_for(config, registry)

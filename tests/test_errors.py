@@ -151,3 +151,17 @@ def test_running_requests_cannot_adopt_new_hits(make_manager):
     group = manager.coordinator.managers[0]
     with pytest.raises(InvalidConfigError, match="is running; it cannot adopt new cache hits"):
         group.allocate_new_computed_blocks("r", [5], 16, 0)
+
+
+def test_caching_a_config_that_can_never_be_cached_is_refused():
+    from kvcore_plugins.cross_attention import CrossAttentionSpec
+
+    cross = CrossAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype="float16")
+    full = FullAttentionSpec(**BASE)
+    alone = kvcore.KVCacheConfig.from_specs(10, [cross])
+    with pytest.raises(InvalidConfigError, match="so no block could ever be reused"):
+        kvcore.KVCacheManager(alone, 1024)
+    mixed = kvcore.KVCacheConfig.from_specs(10, [full, cross])
+    with pytest.raises(InvalidConfigError, match="the other groups' KV depends on it"):
+        kvcore.KVCacheManager(mixed, 1024)
+    assert kvcore.KVCacheManager(mixed, 1024, enable_caching=False).num_free_blocks == 9
