@@ -157,7 +157,7 @@ class KVCacheConfig:
 
     @property
     def bytes_per_block(self) -> int:
-        """Bytes of one block id across all layers: the widest group's block.
+        """The bytes one block id costs across all layers, the widest group's block.
 
         Groups alias the same bytes, so this is a maximum, not a sum. 0 for a
         config without groups.

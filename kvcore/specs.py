@@ -256,7 +256,7 @@ class KVCacheSpec:
     #: Planning with the hybrid manager disabled allocates local layers with
     #: the block size of these layers.
     attends_to_all_tokens: ClassVar[bool] = False
-    #: Layers of this type never join another layer's group: each gets its
+    #: Layers of this type never join another layer's group; each gets its
     #: own group and block table, with a block size fitted to the common page
     #: (hidden-state caches).
     keeps_own_group: ClassVar[bool] = False

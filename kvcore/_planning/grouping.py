@@ -56,8 +56,8 @@ def get_kv_cache_groups(
             (one block table for every layer).
         layout: ``"layer_outer"`` (pages of one size) or ``"block_outer"``
             (pages of different sizes may be packed side by side).
-        group_size_rule: ``"reference"`` or ``"gcd"``; see
-            :mod:`kvcore._planning.group_size`.
+        group_size_rule: ``"reference"`` or ``"gcd"`` (padding weighted by
+            the blocks a longest request holds; see the planning explanation).
         limits: Token limits; the ``"gcd"`` rule weighs padding by the blocks a
             longest request needs (without limits every padding slot counts
             once).

@@ -87,7 +87,7 @@ class LayerConfig:
 
     @property
     def num_kv_heads(self) -> int:
-        """Key/value heads: ``num_key_value_heads``, else the query heads."""
+        """The KV heads, ``num_key_value_heads``, else the query heads."""
         value = self.get("num_key_value_heads")
         return int(value) if value is not None else self.num_attention_heads
 

@@ -121,7 +121,7 @@ def _read_json(path: Path, label: str) -> dict[str, Any]:
     return data
 
 
-def _locate(model: str | os.PathLike[str]) -> tuple[str, Path]:
+def _locate(model: str | Path) -> tuple[str, Path]:
     text = os.fspath(model)
     path = Path(text)
     looks_like_path = text.endswith(".json") or os.sep in text or path.exists()
@@ -227,7 +227,7 @@ def _layers(fields: Mapping[str, Any], name: str) -> tuple[ModelLayer, ...]:
     )
 
 
-def load_model_config(model: str | os.PathLike[str]) -> ModelConfig:
+def load_model_config(model: str | Path) -> ModelConfig:
     """Read a model's config: a shipped model name or a path to a ``config.json``.
 
     Args:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 from typing import Any, Final
 
 import attrs
@@ -257,7 +257,7 @@ def _assemble(
 
 
 def plan(
-    model: str | os.PathLike[str] | ModelConfig,
+    model: str | Path | ModelConfig,
     *,
     memory: int | str = "80GiB",
     max_model_len: int | None = None,
@@ -408,7 +408,7 @@ def plan(
     return result
 
 
-def print_plan(model: str | os.PathLike[str] | ModelConfig, **options: Any) -> KVCachePlan:
+def print_plan(model: str | Path | ModelConfig, **options: Any) -> KVCachePlan:
     """Plan ``model`` (see :func:`plan`, same options), print its summary and return it.
 
     The summary lists every group (type, layers, block size, page size,
