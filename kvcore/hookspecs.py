@@ -74,7 +74,10 @@ def kvcore_layer_kinds() -> Mapping[str, Callable[[LayerConfig], KVCacheSpec]]: 
     :class:`~kvcore.errors.PluginConflictError` naming both plugins. A layer
     whose kind no selected plugin claims raises
     :class:`~kvcore.errors.UnknownSpecError` listing the kinds that are
-    claimed.
+    claimed. Planning finds a plugin's implementation through its entry point
+    (or, for ``load_registry(plugins=...)``, through the object's importable
+    module name), so a plugin object that is not an importable module claims
+    no kinds.
 
     Returns:
         Kind name → builder. A builder takes the layer's
