@@ -180,9 +180,40 @@ class UnitaryCoordinator(KVCacheCoordinator):
     def __init__(self, config: KVCacheConfig, registry: Registry, **kwargs: Any) -> None:
         super().__init__(config, registry, **kwargs)
         (self._manager,) = self.managers
+        if self._manager.allocates_for_encoder or not self._cacheable:
+            # Only cacheable, decoder-side groups get here (make_coordinator
+            # routes the others to NoPrefixCacheCoordinator).
+            msg = "UnitaryCoordinator serves one prefix-cacheable decoder group"
+            raise InvalidConfigError(msg)
         self._spec = self._manager.spec
         self._block_size = self._spec.block_size
         self._group_ids = (0,)
+
+    # One group: the fan-out methods call the manager directly (no loop); they
+    # run for every request on every step.
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[Sequence[int]],
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+    ) -> int:
+        """Blocks the allocation will take in the single group."""
+        return self._manager.get_num_blocks_to_allocate(
+            request_id, num_tokens, new_computed_blocks[0], total_computed_tokens
+        )
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_encoder_tokens: int = 0
+    ) -> Hits:
+        """Grow the single group's table to ``num_tokens`` slots."""
+        return (self._manager.allocate_new_blocks(request_id, num_tokens),)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Cache the request's full blocks in the single group."""
+        self._manager.cache_blocks(request, num_computed_tokens)
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[Hashable], max_cache_hit_length: int

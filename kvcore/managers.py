@@ -215,13 +215,14 @@ class SingleTypeManager(Generic[SpecT]):
             new_computed_blocks: Cache-hit blocks about to be adopted.
             total_computed_tokens: Computed tokens, local and external.
         """
-        num_required = cdiv(num_tokens, self.block_size)
-        table = self.req_to_blocks.get(request_id)
-        num_held = len(table) if table is not None else 0
+        num_required = -(-num_tokens // self.block_size)
         if request_id in self.num_cached_block:
             # A running request gets no new hits. With speculative decoding
             # rejected draft tokens can leave it holding more than it needs.
-            return max(num_required - num_held, 0)
+            num_new = num_required - len(self.req_to_blocks[request_id])
+            return num_new if num_new > 0 else 0
+        table = self.req_to_blocks.get(request_id)
+        num_held = len(table) if table is not None else 0
         num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
         num_new = max(
             num_required - max(num_skipped_blocks, len(new_computed_blocks) + num_held), 0
@@ -290,7 +291,7 @@ class SingleTypeManager(Generic[SpecT]):
         table = self.req_to_blocks.get(request_id)
         if table is None:
             table = self.req_to_blocks[request_id] = []
-        num_new = cdiv(num_tokens, self.block_size) - len(table)
+        num_new = -(-num_tokens // self.block_size) - len(table)
         if num_new <= 0:
             return []
         new_blocks = self.block_pool.get_new_blocks(num_new)
