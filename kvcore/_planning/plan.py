@@ -64,6 +64,9 @@ class KVCachePlan:
             local layers allocated as full attention).
         reference: With the ``"gcd"`` rule, the reference rule's plan of the
             same model, memory and limits, for comparison (not checked to fit).
+        notes: What planning changed to make the layers fit together, one
+            sentence each (a raised block size, padded pages, windows
+            allocated as full attention, a lowered ``max_model_len``).
     """
 
     model: str
@@ -77,6 +80,7 @@ class KVCachePlan:
     group_size_rule: str
     hybrid: bool
     reference: KVCachePlan | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def max_model_len(self) -> int:
@@ -159,6 +163,7 @@ class KVCachePlan:
             "wasted_bytes": self.wasted_bytes,
             "wasted_bytes_per_request": self.wasted_bytes_per_request,
             "waste_fraction": self.waste_fraction,
+            "notes": list(self.notes),
             "groups": [group.to_dict() for group in self.groups],
             "kv_cache_config": self.kv_cache_config.to_dict(),
         }
@@ -210,6 +215,8 @@ class KVCachePlan:
             f"wasted:          {format_bytes(self.wasted_bytes)} ({self.waste_fraction:.2%} "
             f"of the pool at max_model_len; {self.padding_slots} padding layer slots)",
         ]
+        if self.notes:
+            lines += ["", *(f"note: {note}" for note in self.notes)]
         if self.reference is not None:
             lines += ["", "group size rules side by side:"]
             for label, other in (("reference", self.reference), (self.group_size_rule, self)):
@@ -220,6 +227,61 @@ class KVCachePlan:
                     f"({other.waste_fraction:.2%})"
                 )
         return "\n".join(lines)
+
+
+def _notes(
+    layer_specs: dict[str, KVCacheSpec],
+    aligned: dict[str, KVCacheSpec],
+    groups: list[KVCacheGroupSpec],
+    limits: TokenLimits,
+    model_max_len: int,
+    hybrid: bool,
+) -> tuple[str, ...]:
+    """One sentence per change planning made to fit the layers together."""
+    notes = []
+    raised = {
+        (spec.block_size, aligned[name].block_size)
+        for name, spec in layer_specs.items()
+        if spec.page_size_follows_block_size and aligned[name].block_size != spec.block_size
+    }
+    if raised:
+        (before, after), *_ = sorted(raised)
+        states = [s for s in aligned.values() if not s.page_size_follows_block_size]
+        largest = max(s.real_page_size_bytes for s in states)
+        notes.append(
+            f"attention block size raised from {before} to {after} tokens so that a page "
+            f"holds a {largest}-byte recurrent state"
+        )
+    final = {name: spec for group in groups for name, spec in group.items()}
+    padded: dict[str, int] = {}
+    for spec in final.values():
+        if spec.page_size_bytes != spec.real_page_size_bytes:
+            padded[spec.kind] = padded.get(spec.kind, 0) + 1
+    if padded:
+        which = ", ".join(f"{count} {kind}" for kind, count in padded.items())
+        notes.append(f"pages padded to the common page size: {which} layers")
+    promoted: dict[str, int] = {}
+    for name, spec in final.items():
+        if type(spec) is not type(layer_specs[name]):
+            kind = layer_specs[name].kind
+            promoted[kind] = promoted.get(kind, 0) + 1
+    if promoted:
+        which = ", ".join(f"{count} {kind}" for kind, count in promoted.items())
+        reason = (
+            "the hybrid manager is disabled"
+            if not hybrid
+            else "their pages cannot be unified with the others (allocation-only fallback)"
+        )
+        notes.append(
+            f"{which} layers allocated as full attention because {reason}; their attention "
+            "compute is unchanged, their memory savings are lost"
+        )
+    if limits.max_model_len < model_max_len:
+        notes.append(
+            f"max_model_len lowered from the model's {model_max_len} to {limits.max_model_len} "
+            "tokens, the longest request that fits"
+        )
+    return tuple(notes)
 
 
 def _positive(name: str, value: object) -> int:
@@ -405,7 +467,8 @@ def plan(
             hybrid=hybrid,
         )
         result = attrs.evolve(result, reference=reference)
-    return result
+    notes = _notes(layer_specs, aligned, groups, limits, cfg.max_model_len, hybrid)
+    return attrs.evolve(result, notes=notes)
 
 
 def print_plan(model: str | Path | ModelConfig, **options: Any) -> KVCachePlan:

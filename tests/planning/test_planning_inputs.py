@@ -193,6 +193,10 @@ def test_bad_options():
 
 def test_hybrid_disabled_plan_and_unplannable_unified_mode(tmp_path):
     p = kvcore.plan("gpt-oss-20b", memory="8GiB", hybrid=False, registry=registry())
+    assert p.notes[0].startswith(
+        "12 sliding_window layers allocated as full attention because the hybrid manager is "
+        "disabled"
+    )
     assert [g.kind for g in p.groups] == ["full_attention"]
     assert p.groups[0].num_layers == 24
     path = write_config(
@@ -279,3 +283,28 @@ def test_layer_config_helpers():
     assert layer.get("missing", "hidden_size") == 512
     with pytest.raises(InvalidConfigError, match=r"model 'm': layer 'x' .* needs 'window'"):
         layer.require("window")
+
+
+def test_allocation_only_fallback_through_a_config(tmp_path):
+    # MLA pages (18,432 bytes) do not divide the window layer's (65,536) and
+    # MLA cannot pad: the window is allocated as full attention instead.
+    path = write_config(
+        tmp_path,
+        num_key_value_heads=8,
+        head_dim=128,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        sliding_window=128,
+        layer_types=["full_attention", "sliding_attention"],
+    )
+    p = kvcore.plan(path, memory="1GiB", registry=registry())
+    (group,) = p.groups
+    assert group.num_layers == 2
+    assert group.page_sizes == (18_432, 65_536)
+    assert p.notes == (
+        "1 sliding_window layers allocated as full attention because their pages cannot be "
+        "unified with the others (allocation-only fallback); their attention compute is "
+        "unchanged, their memory savings are lost",
+    )
+    promoted = p.kv_cache_config.layer_spec("model.layers.1.self_attn")
+    assert (type(promoted).__name__, promoted.sliding_window) == ("FullAttentionSpec", 128)

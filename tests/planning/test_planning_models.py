@@ -186,6 +186,10 @@ def test_llama_4_scout_is_fitted_to_the_memory():
     so the full group gets 109,225 - 3,072 = 106,153 blocks: 1,698,448 tokens.
     """
     p = plan("llama-4-scout")
+    assert p.notes == (
+        "max_model_len lowered from the model's 10485760 to 1698448 tokens, the longest "
+        "request that fits",
+    )
     assert p.model_max_len == 10_485_760
     assert p.max_model_len == 106_153 * 16
     with pytest.raises(kvcore.InsufficientMemoryError):
@@ -201,6 +205,12 @@ def test_jamba_aligns_attention_blocks_to_the_mamba_state():
     p = plan("jamba-v0.1")
     assert p.groups[0].real_page_sizes == (311_296,)
     assert p.groups[0].padded_page_bytes_per_block == 4 * 16_384
+    assert p.notes == (
+        "attention block size raised from 16 to 80 tokens so that a page holds a 311296-byte "
+        "recurrent state",
+        "pages padded to the common page size: 28 mamba layers",
+    )
+    assert "note: pages padded to the common page size: 28 mamba layers" in p.summary()
 
 
 def test_gcd_rule_reported_next_to_the_reference():
