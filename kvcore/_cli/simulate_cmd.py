@@ -59,6 +59,15 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--block-size", type=int, metavar="N", help="tokens per block (default: the planner's)"
     )
+    parser.add_argument(
+        "--dtype", metavar="NAME", help="KV cache dtype, e.g. fp8 (default: the model's)"
+    )
+    parser.add_argument(
+        "--no-hybrid",
+        action="store_true",
+        help="plan sliding-window and chunked layers as full attention, as engines "
+        "without the hybrid manager do",
+    )
     add_selection_options(parser)
     defaults = SchedulerConfig()
     parser.add_argument(
@@ -162,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
         memory=args.memory,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
+        dtype=args.dtype,
+        hybrid=not args.no_hybrid,
         hash_algorithm=args.hash,
         enable_caching=not args.no_prefix_caching,
         scheduler=scheduler,

@@ -76,7 +76,10 @@ def plot_report(report: SimulationReport, path: str | Path) -> None:
     lines = bottom.get_legend_handles_labels()
     more = queue.get_legend_handles_labels()
     bottom.legend(lines[0] + more[0], lines[1] + more[1], loc="lower right", fontsize="small")
-    figure.suptitle(f"kvcore simulate {data['model']}: {data['workload']['name']}", fontsize=10)
+    source = data["workload"]["name"]
+    if data["workload"]["seed"] is None:  # a trace file: its name is enough
+        source = Path(source).name
+    figure.suptitle(f"kvcore simulate {data['model']}: {source}", fontsize=10)
     figure.tight_layout()
     try:
         figure.savefig(path, dpi=100)

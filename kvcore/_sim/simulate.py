@@ -42,6 +42,9 @@ class SimulationOptions:
         memory: KV cache memory, e.g. ``"80GiB"``.
         max_model_len: Longest request (default: the model's).
         block_size: Tokens per block (default: the planner's choice).
+        dtype: KV cache dtype (default: the model's).
+        hybrid: ``False``: plan sliding-window and chunked layers as full
+            attention, as engines without the hybrid manager do.
         hash_algorithm: ``"fast"`` (default: cheaper, fine for simulation) or
             ``"sha256"`` (what a multi-process engine uses).
         enable_caching: Prefix caching on (off: every prompt is computed in
@@ -53,6 +56,8 @@ class SimulationOptions:
     memory: str = "80GiB"
     max_model_len: int | None = None
     block_size: int | None = None
+    dtype: str | None = None
+    hybrid: bool = True
     hash_algorithm: str = attrs.field(default="fast", validator=_hash_algorithm)
     enable_caching: bool = True
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
@@ -107,6 +112,8 @@ def simulate(
         memory=options.memory,
         max_model_len=options.max_model_len,
         block_size=options.block_size,
+        dtype=options.dtype,
+        hybrid=options.hybrid,
         registry=registry,
         max_num_batched_tokens=options.scheduler.max_num_batched_tokens,
     )

@@ -136,11 +136,23 @@ def _options(subcommand):
     ]
 
 
-@pytest.mark.parametrize("subcommand", ["plugins", "simulate", "workload"])
+def _subcommands():
+    parser = build_parser()
+    return sorted(next(a for a in parser._actions if a.dest == "command").choices)
+
+
+def test_the_cli_reference_covers_every_subcommand():
+    assert {"plugins", "simulate", "workload"} <= set(_subcommands())
+    text = (REPO / "docs" / "reference" / "cli.rst").read_text()
+    missing = [name for name in _subcommands() if f"\nkvcore {name}\n---" not in text]
+    assert not missing, f"docs/reference/cli.rst has no section for: kvcore {missing}"
+
+
+@pytest.mark.parametrize("subcommand", _subcommands())
 def test_every_option_is_in_the_cli_reference(subcommand):
     text = (REPO / "docs" / "reference" / "cli.rst").read_text()
     # The subcommand's section: from its title to the next section title.
-    section = text.split(f"\nkvcore {subcommand}\n---", 1)[1]
+    section = text.split(f"\nkvcore {subcommand}\n---", 1)[-1]
     section = re.split(r"\n[^\n]+\n-{3,}\n", section, maxsplit=1)[0]
     options = _options(subcommand)
     assert options

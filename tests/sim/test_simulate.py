@@ -106,3 +106,11 @@ def test_prefix_caching_off_hits_nothing():
 def test_a_model_with_uncacheable_groups_needs_caching_off():
     with pytest.raises(InvalidConfigError, match=r"\(cross_attention\).*--no-prefix-caching"):
         simulate(load_workload(limit=5), SimulationOptions(model="whisper-large-v3"))
+
+
+def test_no_hybrid_plans_windowed_layers_as_full_attention():
+    workload = load_workload(limit=50)
+    data = simulate(workload, SimulationOptions(memory="2GiB", hybrid=False)).data
+    assert [g["kind"] for g in data["plan"]["groups"]] == ["full_attention"]
+    assert data["plan"]["groups"][0]["layers"] == 24
+    assert data["finished"] == 50
