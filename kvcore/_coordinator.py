@@ -86,6 +86,11 @@ class KVCacheCoordinator:
         self._cacheable = tuple(m for m in self.managers if m.is_prefix_cacheable(m.spec))
         self._has_encoder_groups = any(m.allocates_for_encoder for m in self.managers)
 
+    @property
+    def has_windowed_groups(self) -> bool:
+        """Whether some group frees blocks before the request ends (a windowed type)."""
+        return bool(self._windowed)
+
     def get_num_blocks_to_allocate(
         self,
         request_id: str,

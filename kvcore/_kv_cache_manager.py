@@ -148,6 +148,7 @@ class KVCacheManager:
             enable_kv_cache_events=enable_kv_cache_events,
         )
         self.block_pool = self.coordinator.block_pool
+        self._has_windowed_groups = self.coordinator.has_windowed_groups
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.hash_block_size = self.coordinator.hash_block_size
         self._hasher = BlockHasher(self.hash_block_size, hash_algorithm)
@@ -280,10 +281,13 @@ class KVCacheManager:
             hits = self.empty_kv_cache_blocks.blocks
             has_hits = False
         # Lookahead slots past the end of the model are never used.
-        num_need_slot = min(num_computed + num_new_tokens + num_lookahead_tokens, max_model_len)
+        num_need_slot = num_computed + num_new_tokens + num_lookahead_tokens
+        if num_need_slot > max_model_len:
+            num_need_slot = max_model_len
         coordinator = self.coordinator
         request_id = request.request_id
-        coordinator.remove_skipped_blocks(request_id, num_computed)
+        if self._has_windowed_groups:
+            coordinator.remove_skipped_blocks(request_id, num_computed)
         num_blocks = coordinator.get_num_blocks_to_allocate(
             request_id, num_need_slot, hits, num_encoder_tokens, num_computed
         )
@@ -297,8 +301,11 @@ class KVCacheManager:
         request._kv_state = "allocated"
         if self.enable_caching and not delay_cache_blocks:
             self._hasher.update(request)
+            # Unverified draft tokens past the request's tokens are not cached.
+            num_to_cache = num_computed + num_new_tokens
+            num_tokens = len(request._all_token_ids)
             coordinator.cache_blocks(
-                request, min(num_computed + num_new_tokens, request.num_tokens)
+                request, num_to_cache if num_to_cache < num_tokens else num_tokens
             )
         if not any(new_blocks):
             return self.empty_kv_cache_blocks
