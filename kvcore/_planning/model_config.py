@@ -124,7 +124,9 @@ def _read_json(path: Path, label: str) -> dict[str, Any]:
 def _locate(model: str | Path) -> tuple[str, Path]:
     text = os.fspath(model)
     path = Path(text)
-    looks_like_path = text.endswith(".json") or os.sep in text or path.exists()
+    explicit_path = text.endswith(".json") or os.sep in text
+    # A shipped name wins over a same-named file or folder in the working directory.
+    looks_like_path = explicit_path or (path.exists() and text not in list_models())
     if looks_like_path:
         if path.is_dir():
             path = path / "config.json"

@@ -308,3 +308,11 @@ def test_allocation_only_fallback_through_a_config(tmp_path):
     )
     promoted = p.kv_cache_config.layer_spec("model.layers.1.self_attn")
     assert (type(promoted).__name__, promoted.sliding_window) == ("FullAttentionSpec", 128)
+
+
+def test_a_shipped_name_wins_over_a_folder_of_the_same_name(tmp_path, monkeypatch):
+    (tmp_path / "llama-3-8b").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert kvcore.load_model_config("llama-3-8b").source.endswith("models/llama-3-8b.json")
+    with pytest.raises(InvalidConfigError, match="no model config at './llama-3-8b'"):
+        kvcore.load_model_config("./llama-3-8b")
