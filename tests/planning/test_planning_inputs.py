@@ -314,5 +314,5 @@ def test_a_shipped_name_wins_over_a_folder_of_the_same_name(tmp_path, monkeypatc
     (tmp_path / "llama-3-8b").mkdir()
     monkeypatch.chdir(tmp_path)
     assert kvcore.load_model_config("llama-3-8b").source.endswith("models/llama-3-8b.json")
-    with pytest.raises(InvalidConfigError, match="no model config at './llama-3-8b'"):
+    with pytest.raises(InvalidConfigError, match=r"no model config at '\./llama-3-8b'"):
         kvcore.load_model_config("./llama-3-8b")
