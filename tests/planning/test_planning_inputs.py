@@ -13,6 +13,7 @@ import kvcore
 from kvcore.errors import (
     HookImplementationError,
     InvalidConfigError,
+    InvalidSpecError,
     PluginConflictError,
     UnknownSpecError,
 )
@@ -316,3 +317,69 @@ def test_a_shipped_name_wins_over_a_folder_of_the_same_name(tmp_path, monkeypatc
     assert kvcore.load_model_config("llama-3-8b").source.endswith("models/llama-3-8b.json")
     with pytest.raises(InvalidConfigError, match=r"no model config at '\./llama-3-8b'"):
         kvcore.load_model_config("./llama-3-8b")
+
+
+def test_hidden_state_and_mamba2_kinds_from_a_config(tmp_path):
+    path = write_config(
+        tmp_path,
+        num_hidden_layers=4,
+        sliding_window=128,
+        num_hidden_state_vectors=3,
+        mamba_n_heads=8,
+        mamba_d_head=64,
+        mamba_n_groups=1,
+        mamba_d_state=128,
+        mamba_d_conv=4,
+        layer_types=["full_attention", "sliding_attention", "mamba2", "hidden_state"],
+    )
+    p = kvcore.plan(path, memory="1GiB", max_model_len=1024, registry=registry())
+    specs = p.layer_specs
+    assert specs["model.layers.2.self_attn"].shapes == ((3, 512 + 2 * 128), (8, 64, 128))
+    assert specs["model.layers.3.self_attn"].num_kv_heads == 3
+    assert [g.kind for g in p.groups] == [
+        "full_attention",
+        "sliding_window",
+        "mamba",
+        "hidden_state",
+    ]
+    # State (3 × 768 + 8 × 64 × 128) × 2 bytes = 135,680; attention 4 × 128 × 2 = 1,024
+    # bytes per token: the block grows to 16 × ceil(135,680 / 16,384) = 144 tokens.
+    assert {g.block_size for g in p.groups[:3]} == {144}
+    assert {g.page_sizes for g in p.groups} == {(147_456,)}
+    # Hidden states, 3 × 256 × 2 = 1,536 bytes per token: at most 96 tokens fit the
+    # page, and the largest divisor of 144 up to 96 is 72.
+    assert p.groups[3].block_size == 72
+
+
+def test_sink_length_the_raised_block_size_does_not_divide(tmp_path):
+    path = write_config(
+        tmp_path,
+        sink_len=64,
+        mamba_n_heads=8,
+        mamba_d_head=64,
+        mamba_d_state=128,
+        mamba_d_conv=4,
+        layer_types=["sink_full_attention", "mamba2"],
+    )
+    with pytest.raises(
+        InvalidSpecError,
+        match=r"layer 'model.layers.0.self_attn': the attention block size must grow to 144 "
+        r"tokens .* sink_len \(64\) must be a multiple of block_size \(144\)",
+    ):
+        kvcore.plan(path, registry=registry())
+
+
+def test_sink_blocks_are_reserved_by_the_manager_as_planned(tmp_path):
+    path = write_config(tmp_path, sink_len=64, layer_types=["sink_full_attention"] * 2)
+    # 97 blocks: 3 requests of 512 tokens (32 blocks) would fit without the 4 sink
+    # blocks and the null block; with them, 2.
+    p = kvcore.plan(path, num_blocks=97, max_model_len=512, registry=registry())
+    assert p.memory_needed_bytes == (32 + 4 + 1) * p.bytes_per_block
+    assert p.max_concurrency == (97 - 4) / 32
+    manager = kvcore.KVCacheManager(p.kv_cache_config, p.max_model_len, registry=registry())
+    admitted = 0
+    for i in range(3):
+        request = kvcore.Request(f"r{i}", prompt_token_ids=list(range(512)))
+        if manager.allocate_slots(request, 512) is not None:
+            admitted += 1
+    assert admitted == int(p.max_concurrency) == 2
