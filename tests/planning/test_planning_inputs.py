@@ -364,7 +364,7 @@ def test_sink_length_the_raised_block_size_does_not_divide(tmp_path):
     with pytest.raises(
         InvalidSpecError,
         match=r"layer 'model.layers.0.self_attn': the attention block size must grow to 144 "
-        r"tokens .* sink_len \(64\) must be a multiple of block_size \(144\)",
+        r"tokens .*sink_len \(64\) must be a multiple of block_size \(144\)",
     ):
         kvcore.plan(path, registry=registry())
 
