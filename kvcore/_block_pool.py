@@ -399,6 +399,17 @@ class BlockPool:
 
     # -- inspection -------------------------------------------------------------------
 
+    def count_evictable(self, blocks: Sequence[int]) -> int:
+        """How many of ``blocks`` are free (cached, waiting in the free queue).
+
+        Adopting such a cache hit takes the block out of the free queue, so an
+        allocation must count it against the free capacity. Null blocks are
+        not counted.
+        """
+        # The null block's count is never maintained and stays 0, so every null
+        # in `blocks` shows up among the zeros: subtract them.
+        return list(map(self._ref.__getitem__, blocks)).count(0) - blocks.count(NULL_BLOCK)
+
     def ref_count(self, block: int) -> int:
         """Requests holding ``block`` (0 for a free block; not kept for the null block)."""
         return self._ref[block]

@@ -229,11 +229,8 @@ class SingleTypeManager(Generic[SpecT]):
         )
         # Hits that fall before the window are not adopted, so they take nothing.
         first_kept = max(0, num_skipped_blocks - num_held)
-        ref_count = self.block_pool.ref_count
-        num_revived = sum(
-            1 for block in new_computed_blocks[first_kept:] if block and ref_count(block) == 0
-        )
-        return num_new + num_revived
+        kept = new_computed_blocks[first_kept:] if first_kept else new_computed_blocks
+        return num_new + self.block_pool.count_evictable(kept)
 
     def allocate_new_computed_blocks(
         self,

@@ -167,3 +167,12 @@ def test_evict_blocks_rejects_foreign_ids():
     pool = BlockPool(4)
     with pytest.raises(InvalidConfigError, match="block id 9 is not in this pool"):
         pool.evict_blocks([9])
+
+
+def test_count_evictable_counts_free_blocks_but_not_nulls():
+    pool = BlockPool(8)
+    blocks = pool.get_new_blocks(4)
+    pool.free_blocks([blocks[1], blocks[3]])
+    assert pool.count_evictable([0, *blocks, 0]) == 2
+    assert pool.count_evictable([]) == 0
+    assert pool.count_evictable((blocks[0], 0)) == 0
