@@ -195,3 +195,24 @@ def test_a_request_larger_than_the_pool_is_an_error():
 def test_scheduler_config_is_validated(field, value, message):
     with pytest.raises(InvalidConfigError, match=message):
         SchedulerConfig(**{field: value})
+
+
+def test_progress_line_on_a_terminal_and_cleared_at_the_end():
+    import io
+
+    from kvcore._sim.progress import progress_printer
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert progress_printer(io.StringIO()) is None  # piped: quiet
+    stream = Terminal()
+    show = progress_printer(stream)
+    scheduler = make_scheduler(full_manager(num_blocks=100), HAND_MADE, arrival="asap")
+    scheduler.step()
+    show(scheduler)
+    assert "simulating [" in stream.getvalue()
+    assert "/5 requests, step 1, pool" in stream.getvalue()
+    scheduler.run(show)
+    assert stream.getvalue().endswith("\r\x1b[2K")
