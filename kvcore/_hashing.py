@@ -23,8 +23,7 @@ Two algorithms:
 from __future__ import annotations
 
 import hashlib
-import sys
-from array import array
+import struct
 from collections.abc import Hashable, Sequence
 from typing import Final, overload
 
@@ -48,14 +47,11 @@ NONE_HASH_SHA256: Final = hashlib.sha256(b"kvcore/none-hash/v1").digest()
 _NONE_HASH_FAST: Final = hash(("kvcore/none-hash/v1",))
 
 _sha256 = hashlib.sha256
-_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def _token_bytes(tokens: list[int]) -> bytes:
-    packed = array("q", tokens)
-    if not _LITTLE_ENDIAN:
-        packed.byteswap()
-    return packed.tobytes()
+    # struct packs a list several times faster than array("q", ...).tobytes().
+    return struct.pack(f"<{len(tokens)}q", *tokens)
 
 
 def encode_extra_keys(keys: tuple[object, ...]) -> bytes:
