@@ -75,7 +75,9 @@ def plot_report(report: SimulationReport, path: str | Path) -> None:
     queue.set_ylabel("requests")
     lines = bottom.get_legend_handles_labels()
     more = queue.get_legend_handles_labels()
-    bottom.legend(lines[0] + more[0], lines[1] + more[1], loc="lower right", fontsize="small")
+    bottom.legend(
+        lines[0] + more[0], lines[1] + more[1], loc="upper left", fontsize="small", ncol=2
+    )
     source = data["workload"]["name"]
     if data["workload"]["seed"] is None:  # a trace file: its name is enough
         source = Path(source).name
