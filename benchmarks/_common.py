@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -56,6 +57,9 @@ def best_of_interleaved(
     best = {name: (float("inf"), None) for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
+            # Start every run with the same heap: no garbage left by the
+            # previous candidate for this one's collections to walk.
+            gc.collect()
             start = time.perf_counter()
             result = run()
             seconds = time.perf_counter() - start
