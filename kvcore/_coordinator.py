@@ -101,6 +101,12 @@ class KVCacheCoordinator:
     ) -> int:
         """Blocks the allocation will take, summed over groups (one shared pool)."""
         total = 0
+        if not self._has_encoder_groups:
+            for manager, hits in zip(self.managers, new_computed_blocks, strict=True):
+                total += manager.get_num_blocks_to_allocate(
+                    request_id, num_tokens, hits, total_computed_tokens
+                )
+            return total
         for manager, hits in zip(self.managers, new_computed_blocks, strict=True):
             if manager.allocates_for_encoder:
                 total += manager.get_num_blocks_to_allocate(request_id, num_encoder_tokens, (), 0)
@@ -128,7 +134,7 @@ class KVCacheCoordinator:
     ) -> Hits:
         """Grow every group's table to ``num_tokens`` slots (encoder groups: encoder tokens)."""
         if not self._has_encoder_groups:
-            return tuple(m.allocate_new_blocks(request_id, num_tokens) for m in self.managers)
+            return tuple([m.allocate_new_blocks(request_id, num_tokens) for m in self.managers])
         return tuple(
             m.allocate_new_blocks(
                 request_id, num_encoder_tokens if m.allocates_for_encoder else num_tokens
