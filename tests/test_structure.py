@@ -55,6 +55,29 @@ def test_plugins_use_only_the_public_api():
                 assert module in PUBLIC_CORE_MODULES, f"{path} imports private {module}"
 
 
+# Plugins that import another plugin, and why. A plugin may use another only
+# through that plugin's package (its public names), never its modules.
+PLUGIN_DEPENDENCIES = {
+    # Planning's unified mode allocates windowed layers as full attention.
+    "sliding_window": {"full_attention"},
+    "chunked_local": {"full_attention"},
+}
+
+
+def test_plugins_depend_on_other_plugins_only_as_declared():
+    for package in sorted((REPO / "plugins").iterdir()):
+        if not (package / "__init__.py").exists():
+            continue
+        used = set()
+        for path in package.rglob("*.py"):
+            for module in imported_modules(path):
+                parts = module.split(".")
+                if parts[0] == "kvcore_plugins" and len(parts) > 1 and parts[1] != package.name:
+                    assert len(parts) == 2, f"{path} imports {module}, not the plugin's package"
+                    used.add(parts[1])
+        assert used == PLUGIN_DEPENDENCIES.get(package.name, set()), package.name
+
+
 def test_every_package_is_listed_for_installation():
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])

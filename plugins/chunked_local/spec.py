@@ -9,7 +9,7 @@ import attrs
 
 from kvcore.errors import InvalidSpecError
 from kvcore.specs import AttentionSpec, FallbackRole, TokenLimits, cdiv, positive_int
-from kvcore_plugins.full_attention.spec import FullAttentionSpec
+from kvcore_plugins.full_attention import FullAttentionSpec
 
 __all__ = ["ChunkedLocalAttentionSpec"]
 

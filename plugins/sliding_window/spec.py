@@ -8,7 +8,7 @@ from typing import ClassVar
 import attrs
 
 from kvcore.specs import AttentionSpec, FallbackRole, TokenLimits, cdiv, positive_int
-from kvcore_plugins.full_attention.spec import FullAttentionSpec
+from kvcore_plugins.full_attention import FullAttentionSpec
 
 __all__ = ["SlidingWindowSpec"]
 
