@@ -28,194 +28,32 @@ from collections.abc import Callable
 from typing import Any
 
 from _common import CONVERSATION_TRACE, best_of_interleaved, import_vllm
+from _replay import (
+    ADMIT,
+    DECODE,
+    FREE,
+    LOOKUP,
+    NEW,
+    PREEMPT,
+    Case,
+    record_ops,
+    replay_kvcore,
+    replay_vllm,
+)
 
 import kvcore
 from kvcore._trace import read_mooncake_trace
 from kvcore_plugins.full_attention import FullAttentionSpec
 
-NEW, LOOKUP, ADMIT, DECODE, FREE, PREEMPT = range(6)
-OUTPUT_TOKEN_BASE = 1 << 40
-
-
-def record_ops(
-    prompts: list[tuple[int, ...]],
-    output_lengths: list[int],
-    num_blocks: int,
-    block_size: int,
-    max_running: int,
-) -> list[tuple[int, ...]]:
-    """Drive kvcore with a tiny FCFS scheduler and record what it did."""
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype="float16")
-    config = kvcore.KVCacheConfig.from_specs(num_blocks, [spec])
-    manager = kvcore.KVCacheManager(config, 1 << 20, hash_algorithm="fast")
-    ops: list[tuple[int, ...]] = []
-    requests: dict[int, kvcore.Request] = {}
-    waiting = list(range(len(prompts)))
-    running: list[int] = []
-    produced = [0] * len(prompts)
-    while waiting or running:
-        while waiting and len(running) < max_running:
-            index = waiting[0]
-            if index not in requests:
-                requests[index] = kvcore.Request(str(index), prompts[index])
-                ops.append((NEW, index))
-            request = requests[index]
-            ops.append((LOOKUP, index))
-            hit, num_hit = manager.get_computed_blocks(request)
-            num_new = request.num_tokens - num_hit
-            ops.append((ADMIT, index, num_new))
-            if manager.allocate_slots(request, num_new, num_hit, hit) is None:
-                break
-            request.num_computed_tokens = request.num_tokens
-            waiting.pop(0)
-            running.append(index)
-        for index in list(running):
-            if index not in running:
-                continue
-            request = requests[index]
-            if produced[index] >= output_lengths[index]:
-                ops.append((FREE, index))
-                manager.free(request)
-                running.remove(index)
-                continue
-            token = OUTPUT_TOKEN_BASE + index * 100_000 + produced[index]
-            while True:
-                ops.append((DECODE, index, token))
-                request.append_output_token_ids(token)
-                if manager.allocate_slots(request, 1) is not None:
-                    request.num_computed_tokens += 1
-                    produced[index] += 1
-                    break
-                request._all_token_ids.pop()  # undo for the retry (engine would not append yet)
-                victim = running.pop()
-                ops.append((PREEMPT, victim))
-                manager.free(requests[victim])
-                requests[victim].num_computed_tokens = 0
-                waiting.insert(0, victim)
-                if victim == index:
-                    break
-    return ops
-
-
-def replay_kvcore(
-    ops: list[tuple[int, ...]],
-    prompts: list[tuple[int, ...]],
-    num_blocks: int,
-    block_size: int,
-    hash_algorithm: str,
-) -> list[Any]:
-    """Run the recorded ops through kvcore; return every observable result."""
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype="float16")
-    config = kvcore.KVCacheConfig.from_specs(num_blocks, [spec])
-    manager = kvcore.KVCacheManager(config, 1 << 20, hash_algorithm=hash_algorithm)
-    get_computed_blocks = manager.get_computed_blocks
-    allocate_slots = manager.allocate_slots
-    free = manager.free
-    Request = kvcore.Request
-    requests: dict[int, Any] = {}
-    hits: dict[int, Any] = {}
-    out: list[Any] = []
-    record = out.append
-    for op in ops:
-        kind = op[0]
-        if kind == DECODE:
-            request = requests[op[1]]
-            request.append_output_token_ids(op[2])
-            blocks = allocate_slots(request, 1)
-            if blocks is None:
-                request._all_token_ids.pop()
-                record(None)
-            else:
-                request.num_computed_tokens += 1
-                record(list(blocks.blocks[0]))
-        elif kind == NEW:
-            requests[op[1]] = Request(str(op[1]), prompts[op[1]])
-        elif kind == LOOKUP:
-            hit = get_computed_blocks(requests[op[1]])
-            hits[op[1]] = hit
-            record(hit[1])
-        elif kind == ADMIT:
-            request = requests[op[1]]
-            hit_blocks, num_hit = hits.pop(op[1])
-            blocks = allocate_slots(request, op[2], num_hit, hit_blocks)
-            if blocks is None:
-                record(None)
-            else:
-                request.num_computed_tokens = request.num_tokens
-                record(list(blocks.blocks[0]))
-        else:  # FREE or PREEMPT
-            request = requests[op[1]]
-            free(request)
-            if kind == PREEMPT:
-                request.num_computed_tokens = 0
-    return out
-
-
-def replay_vllm(
-    vllm: Any,
-    ops: list[tuple[int, ...]],
-    prompts: list[tuple[int, ...]],
-    num_blocks: int,
-    block_size: int,
-) -> list[Any]:
-    """Run the recorded ops through vLLM's KVCacheManager; same results format."""
-    iface = vllm.kv_cache_interface
-    spec = iface.FullAttentionSpec(
-        block_size=block_size, num_kv_heads=1, head_size=1, dtype=_torch_dtype("float16")
-    )
-    config = iface.KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[iface.KVCacheGroupSpec(["layer.0"], spec)],
-    )
-    vllm.kv_cache_utils.init_none_hash(vllm.sha256)
-    hasher = vllm.kv_cache_utils.get_request_block_hasher(block_size, vllm.sha256)
-    manager = vllm.kv_cache_manager.KVCacheManager(config, 1 << 20, hash_block_size=block_size)
-    params = vllm.SamplingParams(max_tokens=1 << 20)
-    Request = vllm.request.Request
-    get_computed_blocks = manager.get_computed_blocks
-    allocate_slots = manager.allocate_slots
-    free = manager.free
-    requests: dict[int, Any] = {}
-    hits: dict[int, Any] = {}
-    out: list[Any] = []
-    record = out.append
-    for op in ops:
-        kind = op[0]
-        if kind == DECODE:
-            request = requests[op[1]]
-            request.append_output_token_ids(op[2])
-            blocks = allocate_slots(request, 1)
-            if blocks is None:
-                request._output_token_ids.pop()
-                request._all_token_ids.pop()
-                record(None)
-            else:
-                request.num_computed_tokens += 1
-                record([b.block_id for b in blocks.blocks[0]])
-        elif kind == NEW:
-            requests[op[1]] = Request(
-                str(op[1]), list(prompts[op[1]]), params, None, None, block_hasher=hasher
-            )
-        elif kind == LOOKUP:
-            hit = get_computed_blocks(requests[op[1]])
-            hits[op[1]] = hit
-            record(hit[1])
-        elif kind == ADMIT:
-            request = requests[op[1]]
-            hit_blocks, num_hit = hits.pop(op[1])
-            blocks = allocate_slots(request, op[2], num_hit, hit_blocks)
-            if blocks is None:
-                record(None)
-            else:
-                request.num_computed_tokens = request.num_tokens
-                record([b.block_id for b in blocks.blocks[0]])
-        else:
-            request = requests[op[1]]
-            free(request)
-            if kind == PREEMPT:
-                request.num_computed_tokens = 0
-    return out
+FULL_ATTENTION = Case(
+    "full_attention",
+    lambda bs: [FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype="float16")],
+    lambda vllm, bs: [
+        vllm.kv_cache_interface.FullAttentionSpec(
+            block_size=bs, num_kv_heads=1, head_size=1, dtype=_torch_dtype("float16")
+        )
+    ],
+)
 
 
 def _torch_dtype(name: str) -> Any:
@@ -261,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     trace = list(read_mooncake_trace(args.trace, limit=args.requests))
     prompts = [r.prompt_token_ids for r in trace]
     outputs = [min(r.output_length, args.max_output) for r in trace]
-    ops = record_ops(prompts, outputs, args.num_blocks, args.block_size, args.max_running)
+    ops = record_ops(
+        FULL_ATTENTION, prompts, outputs, args.num_blocks, args.block_size, args.max_running
+    )
     counts = [sum(1 for op in ops if op[0] == k) for k in range(6)]
     print(
         f"op sequence: {len(ops)} ops from {len(prompts)} Mooncake requests "
@@ -272,16 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     runs = {
         "kvcore (sha256)": lambda: replay_kvcore(
-            ops, prompts, args.num_blocks, args.block_size, "sha256"
+            FULL_ATTENTION, ops, prompts, args.num_blocks, args.block_size, "sha256"
         ),
         "kvcore (fast hash)": lambda: replay_kvcore(
-            ops, prompts, args.num_blocks, args.block_size, "fast"
+            FULL_ATTENTION, ops, prompts, args.num_blocks, args.block_size, "fast"
         ),
     }
     vllm = None if args.no_vllm else import_vllm()
     if vllm is not None:
         runs[f"vLLM {vllm.version}"] = lambda: replay_vllm(
-            vllm, ops, prompts, args.num_blocks, args.block_size
+            vllm, FULL_ATTENTION, ops, prompts, args.num_blocks, args.block_size
         )
     best = best_of_interleaved(args.repeat, runs)
     rows = [(name, seconds) for name, (seconds, _) in best.items()]
