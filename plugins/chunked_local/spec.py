@@ -56,15 +56,6 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
     def as_full_attention(self, block_size: int) -> FullAttentionSpec:
         """Full attention recording this chunk size; a padded page keeps its padding."""
-        padded = self.page_size_padded
-        if padded is not None:
-            padded = max(padded, self.bytes_per_token * block_size)
-        return FullAttentionSpec(
-            block_size=block_size,
-            num_kv_heads=self.num_kv_heads,
-            head_size=self.head_size,
-            head_size_v=self.head_size_v,
-            dtype=self.dtype,
-            page_size_padded=padded,
-            attention_chunk_size=self.attention_chunk_size,
+        return FullAttentionSpec.allocating_for(
+            self, block_size, attention_chunk_size=self.attention_chunk_size
         )

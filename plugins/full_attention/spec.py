@@ -36,6 +36,36 @@ class FullAttentionSpec(AttentionSpec):
     sliding_window: int | None = attrs.field(default=None, validator=optional_positive_int)
     attention_chunk_size: int | None = attrs.field(default=None, validator=optional_positive_int)
 
+    @classmethod
+    def allocating_for(
+        cls,
+        spec: AttentionSpec,
+        block_size: int,
+        *,
+        sliding_window: int | None = None,
+        attention_chunk_size: int | None = None,
+    ) -> FullAttentionSpec:
+        """Full attention with ``spec``'s shape, to allocate a windowed layer's every token.
+
+        The layer keeps computing windowed attention (the window or chunk size
+        is recorded); only its allocation becomes that of full attention. A
+        padded page stays padded: to its old size, or to the natural page at
+        ``block_size`` if that is larger.
+        """
+        padded = spec.page_size_padded
+        if padded is not None:
+            padded = max(padded, spec.bytes_per_token * block_size)
+        return cls(
+            block_size=block_size,
+            num_kv_heads=spec.num_kv_heads,
+            head_size=spec.head_size,
+            head_size_v=spec.head_size_v,
+            dtype=spec.dtype,
+            page_size_padded=padded,
+            sliding_window=sliding_window,
+            attention_chunk_size=attention_chunk_size,
+        )
+
     def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
         """One page per block of a ``max_model_len``-token request."""
         return self.pages_for_tokens(limits.max_model_len) * self.page_size_bytes

@@ -42,16 +42,7 @@ class SlidingWindowSpec(AttentionSpec):
         return (type(self), self.sliding_window)
 
     def as_full_attention(self, block_size: int) -> FullAttentionSpec:
-        """Full attention recording this window; a padded page keeps its padding ratio."""
-        padded = self.page_size_padded
-        if padded is not None:
-            padded = max(padded, self.bytes_per_token * block_size)
-        return FullAttentionSpec(
-            block_size=block_size,
-            num_kv_heads=self.num_kv_heads,
-            head_size=self.head_size,
-            head_size_v=self.head_size_v,
-            dtype=self.dtype,
-            page_size_padded=padded,
-            sliding_window=self.sliding_window,
+        """Full attention recording this window; a padded page keeps its padding."""
+        return FullAttentionSpec.allocating_for(
+            self, block_size, sliding_window=self.sliding_window
         )
