@@ -46,6 +46,8 @@ class KVCacheCoordinator:
         use_eagle: EAGLE speculative decoding on (last hit block recomputed).
         enable_kv_cache_events: Queue KV cache events in the pool.
         hash_block_size: Tokens per entry of ``Request.block_hashes``.
+        alignment_tokens: Every hit length is a multiple of this (the least
+            common multiple of the cacheable groups' block sizes).
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class KVCacheCoordinator:
         use_eagle: bool,
         enable_kv_cache_events: bool,
         hash_block_size: int,
+        alignment_tokens: int,
     ) -> None:
         groups = config.kv_cache_groups
         specs = [group.kv_cache_spec for group in groups]
@@ -65,6 +68,7 @@ class KVCacheCoordinator:
         self.enable_caching = enable_caching
         self.use_eagle = use_eagle
         self.hash_block_size = hash_block_size
+        self.alignment_tokens = alignment_tokens
         self.block_pool = BlockPool(
             config.num_blocks,
             enable_caching=enable_caching,
@@ -291,7 +295,6 @@ class HybridCoordinator(KVCacheCoordinator):
             raise InvalidConfigError(msg)
         spec_groups.sort(key=lambda g: not g.downward_closed)
         self._spec_groups = tuple(spec_groups)
-        self.alignment_tokens = math.lcm(*(g.block_size for g in spec_groups))
         # With a downward-closed group first and one other spec group, the
         # second group's answer can only trim the first: one pass suffices.
         self._single_pass = len(spec_groups) == 2 and spec_groups[0].downward_closed
@@ -379,18 +382,6 @@ class HybridCoordinator(KVCacheCoordinator):
             manager.cache_blocks(request, limit)
 
 
-def hash_block_size_for(config: KVCacheConfig, registry: Registry) -> int:
-    """The token granularity of request hashes: gcd of the cacheable block sizes."""
-    sizes = [
-        group.kv_cache_spec.block_size
-        for group in config.kv_cache_groups
-        if registry.manager_class(group.kv_cache_spec).is_prefix_cacheable(group.kv_cache_spec)
-    ]
-    if not sizes:
-        sizes = [group.kv_cache_spec.block_size for group in config.kv_cache_groups]
-    return math.gcd(*sizes) if sizes else 1
-
-
 def make_coordinator(
     config: KVCacheConfig,
     registry: Registry,
@@ -416,14 +407,18 @@ def make_coordinator(
     classes = [registry.manager_class(spec) for spec in specs]
     cacheable = [cls.is_prefix_cacheable(spec) for cls, spec in zip(classes, specs, strict=True)]
     num_groups = len(groups)
-    if num_groups == 1 or not any(cacheable):
-        alignments = [spec.block_size for spec in specs]
-    else:
-        alignment = math.lcm(*(s.block_size for s, c in zip(specs, cacheable, strict=True) if c))
-        alignments = [alignment] * num_groups
-    for cls, spec, alignment in zip(classes, specs, alignments, strict=True):
+    cacheable_sizes = [s.block_size for s, c in zip(specs, cacheable, strict=True) if c]
+    # Hashes are computed at the gcd of the cacheable block sizes, so every
+    # cacheable group can view them per block; hits land on their lcm.
+    hash_sizes = cacheable_sizes or [spec.block_size for spec in specs]
+    hash_block_size = math.gcd(*hash_sizes) if hash_sizes else 1
+    alignment = math.lcm(*cacheable_sizes) if cacheable_sizes else 1
+    for cls, spec in zip(classes, specs, strict=True):
         cls.validate_config(
-            spec, enable_caching=enable_caching, use_eagle=use_eagle, alignment_tokens=alignment
+            spec,
+            enable_caching=enable_caching,
+            use_eagle=use_eagle,
+            alignment_tokens=alignment if cacheable_sizes else spec.block_size,
         )
     if enable_caching:
         uncacheable = [
@@ -444,11 +439,11 @@ def make_coordinator(
                 f"cached, {why}; pass enable_caching=False"
             )
             raise InvalidConfigError(msg)
-    hash_block_size = hash_block_size_for(config, registry)
     kwargs: dict[str, Any] = {
         "use_eagle": use_eagle,
         "enable_kv_cache_events": enable_kv_cache_events,
         "hash_block_size": hash_block_size,
+        "alignment_tokens": alignment,
     }
     if not enable_caching or num_groups == 0:
         return NoPrefixCacheCoordinator(config, registry, enable_caching=False, **kwargs)

@@ -167,12 +167,7 @@ class RandomWorkload:
         self._targets: dict[str, int] = {}
         self._next_id = 0
         self._ops = 0
-        coordinator = manager.coordinator
-        self._alignment = getattr(
-            coordinator,
-            "alignment_tokens",
-            coordinator.managers[0].block_size if coordinator.managers else 1,
-        )
+        self._alignment = manager.coordinator.alignment_tokens
 
     def _new_request(self) -> Request:
         rng = self.rng
