@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import kvcore
 
+sys.path.insert(0, str(Path(__file__).parent / "_ext"))
+
 project = "kvcore"
-author = "kvcore developers"
+author = "the kvcore developers"
+copyright = "2026, the kvcore developers"
 release = kvcore.__version__
 version = release
 
@@ -13,19 +19,43 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
+    "kvcore_api",
 ]
 
-exclude_patterns = ["_build"]
-html_theme = "alabaster"
-html_static_path = ["_static"]
-html_theme_options = {"description": "KV cache management for hybrid LLMs", "fixed_sidebar": True}
+exclude_patterns = ["_build", "_ext"]
+templates_path = []
 
+# -- HTML: furo (as pytest and attrs); the on-page table of contents is its right column.
+html_theme = "furo"
+html_title = f"kvcore {release}"
+html_short_title = "kvcore"
+html_static_path = ["_static"]
+html_css_files = ["kvcore.css"]
+html_copy_source = False
+html_theme_options = {
+    "navigation_with_keys": True,
+    "top_of_page_buttons": [],
+}
+html_context = {"description": "Paged KV cache management for hybrid LLMs"}
+
+# Literal blocks without a language are plain text: a command's output or a
+# diagram must never be highlighted as Python. Code says what it is
+# (``.. code-block:: python``, ``console``, ``toml``); the doc-example tests run
+# every Python and console block (tests/docs/test_doc_examples.py).
+highlight_language = "text"
+pygments_style = "friendly"
+pygments_dark_style = "monokai"
+
+# -- API reference: one page per public module, generated from __all__ (docs/_ext).
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_ivar = True
+python_use_unqualified_type_names = True
+add_module_names = False
+toc_object_entries_show_parents = "hide"
 
 # Every cross-reference must resolve (the build runs with -W): only types from
 # outside kvcore, which have no inventory offline, are exempt.

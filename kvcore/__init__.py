@@ -59,6 +59,7 @@ from kvcore.errors import (
 )
 from kvcore.hookspecs import hookimpl
 
+#: The version of this kvcore (PEP 440).
 __version__ = "0.1.0.dev0"
 
 __all__ = [

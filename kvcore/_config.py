@@ -80,7 +80,7 @@ class KVCacheGroupSpec:
 
     @property
     def bytes_per_block(self) -> int:
-        """Bytes one block of this group holds: one page of every layer."""
+        """Bytes one block of this group holds (one page of every layer)."""
         return sum(spec.page_size_bytes for _, spec in self.items())
 
 

@@ -42,11 +42,12 @@ def kvcore_layer_types() -> Sequence[LayerType[Any]]:  # type: ignore[empty-body
     Returns:
         One :class:`~kvcore.LayerType` per spec class the plugin serves.
 
-    Example::
+    Example:
+        .. code-block:: python
 
-        @kvcore.hookimpl
-        def kvcore_layer_types():
-            return [kvcore.LayerType(MySpec, MyManager)]
+            @kvcore.hookimpl
+            def kvcore_layer_types():
+                return [kvcore.LayerType(MySpec, MyManager)]
 
     Used by every built-in plugin, e.g. ``kvcore_plugins.full_attention``.
 
@@ -86,20 +87,23 @@ def kvcore_layer_kinds() -> Mapping[str, Callable[[LayerConfig], KVCacheSpec]]: 
         :meth:`kvcore.LayerConfig.require`) when the config lacks a field it
         needs.
 
-    Example::
+    Example:
+        .. code-block:: python
 
-        def _build(layer: kvcore.LayerConfig) -> SlidingWindowSpec:
-            return SlidingWindowSpec(
-                block_size=layer.block_size,
-                num_kv_heads=layer.num_kv_heads,
-                head_size=layer.head_size,
-                dtype=layer.dtype,
-                sliding_window=layer.require("sliding_window"),
-            )
+            from kvcore_plugins.sliding_window import SlidingWindowSpec
 
-        @kvcore.hookimpl
-        def kvcore_layer_kinds():
-            return {"sliding_attention": _build}
+            def _build(layer: kvcore.LayerConfig) -> SlidingWindowSpec:
+                return SlidingWindowSpec(
+                    block_size=layer.block_size,
+                    num_kv_heads=layer.num_kv_heads,
+                    head_size=layer.head_size,
+                    dtype=layer.dtype,
+                    sliding_window=layer.require("sliding_window"),
+                )
+
+            @kvcore.hookimpl
+            def kvcore_layer_kinds():
+                return {"sliding_attention": _build}
 
     Used by the built-in plugins, e.g. ``kvcore_plugins.sliding_window.model_config``.
 

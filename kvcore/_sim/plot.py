@@ -40,23 +40,37 @@ def plot_report(report: SimulationReport, path: str | Path) -> None:
         KVCoreError: the file cannot be written.
     """
     plt = _pyplot()
+    # Sized to stay legible when a page scales the PNG to a ~700 px column.
+    with plt.rc_context({"font.size": 11, "legend.fontsize": 10}):
+        _draw(plt, report, path)
+
+
+def _draw(plt: Any, report: SimulationReport, path: str | Path) -> None:
     data = report.data
     samples = report.samples
     usable = data["blocks"]["usable"] or 1
     times = [s.time_s for s in samples]
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.4), sharex=True)
     top.plot(times, [100 * s.used_blocks / usable for s in samples], color="black", label="pool")
+    # Groups with the same series (Gemma-3's six sliding-window groups hold the
+    # same blocks at every step) are one line labelled with all of them.
+    series: dict[tuple[int, ...], list[dict[str, Any]]] = {}
     for group in data["blocks"]["groups"]:
-        index = group["group"]
+        values = tuple(s.group_blocks[group["group"]] for s in samples)
+        series.setdefault(values, []).append(group)
+    styles = ("-", "--", ":", "-.")
+    for number, (values, groups) in enumerate(series.items()):
         top.plot(
             times,
-            [100 * s.group_blocks[index] / usable for s in samples],
-            label=f"group {index} ({group['kind']})",
-            linewidth=1,
+            [100 * v / usable for v in values],
+            label=_group_label(groups),
+            linewidth=1.4,
+            linestyle=styles[number % len(styles)],
+            color=f"C{number % 10}",
         )
     top.set_ylabel("blocks held (% of pool)")
     top.set_ylim(0, 105)
-    top.legend(loc="upper left", fontsize="small")
+    top.legend(loc="upper left")
     top.grid(alpha=0.3)
     prefix = data["prefix_cache"]
     bottom.plot(times, [100 * s.hit_rate for s in samples], color="tab:blue", label="hit rate")
@@ -75,18 +89,27 @@ def plot_report(report: SimulationReport, path: str | Path) -> None:
     queue.set_ylabel("requests")
     lines = bottom.get_legend_handles_labels()
     more = queue.get_legend_handles_labels()
-    bottom.legend(
-        lines[0] + more[0], lines[1] + more[1], loc="upper left", fontsize="small", ncol=2
-    )
+    bottom.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left", ncol=2)
     source = data["workload"]["name"]
     if data["workload"]["seed"] is None:  # a trace file: its name is enough
         source = Path(source).name
-    figure.suptitle(f"kvcore simulate {data['model']}: {source}", fontsize=10)
+    figure.suptitle(f"kvcore simulate {data['model']}: {source}")
     figure.tight_layout()
     try:
-        figure.savefig(path, dpi=100)
+        figure.savefig(path, dpi=150)
     except OSError as exc:
         msg = f"cannot write plot to {path}: {exc.strerror or exc}"
         raise KVCoreError(msg) from None
     finally:
         plt.close(figure)
+
+
+def _group_label(groups: list[dict[str, Any]]) -> str:
+    """``group 1 (full_attention)``, or ``groups 0-5 (sliding_window, each)`` for equal series."""
+    kinds = sorted({group["kind"] for group in groups})
+    indices = [group["group"] for group in groups]
+    if len(indices) == 1:
+        return f"group {indices[0]} ({kinds[0]})"
+    contiguous = indices == list(range(indices[0], indices[-1] + 1))
+    which = f"{indices[0]}-{indices[-1]}" if contiguous else ",".join(map(str, indices))
+    return f"groups {which} ({', '.join(kinds)}, each)"

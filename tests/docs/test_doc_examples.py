@@ -1,0 +1,96 @@
+"""Every code block of the docs runs, and prints what the page shows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from doc_examples import Block, ExampleError, MissingData, blocks, check_output, commands, run_page
+from docbuild import DOCS, BuiltDocs
+
+PAGES = sorted(
+    str(path.relative_to(DOCS).with_suffix(""))
+    for path in DOCS.rglob("*.rst")
+    if not path.relative_to(DOCS).parts[0].startswith("_")
+)
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_page_examples_run_as_shown(built_docs: BuiltDocs, docname: str, tmp_path: Path):
+    page_blocks = blocks(built_docs.doctree(docname), docname)
+    try:
+        run_page(page_blocks, tmp_path)
+    except MissingData as exc:
+        pytest.skip(str(exc))
+
+
+def test_the_integration_guide_loop_is_run(built_docs: BuiltDocs, tmp_path: Path):
+    page_blocks = blocks(built_docs.doctree("how-to/integrate-an-engine"), "x")
+    python = [b for b in page_blocks if b.language == "python"]
+    assert any("def step(" in b.text for b in python), "the scheduler loop is not a Python block"
+    assert run_page(page_blocks, tmp_path) >= len(python)
+
+
+def block(text: str, language: str = "python", classes: tuple[str, ...] = ()) -> Block:
+    return Block(text=text, language=language, classes=classes, where="t.rst:1",
+                 from_docstring=False)
+
+
+def test_a_block_printing_something_else_fails(tmp_path: Path):
+    page = [block("print(6 * 7)"), block("41", "text", ("output",))]
+    with pytest.raises(ExampleError, match="differs"):
+        run_page(page, tmp_path)
+    assert run_page([block("print(6 * 7)"), block("42", "text", ("output",))], tmp_path) == 2
+
+
+def test_a_block_printing_with_no_output_block_fails(tmp_path: Path):
+    with pytest.raises(ExampleError, match="shows no output block"):
+        run_page([block("print('hidden')")], tmp_path)
+
+
+def test_a_raising_block_fails_and_blocks_share_a_namespace(tmp_path: Path):
+    assert run_page([block("x = 3"), block("assert x == 3")], tmp_path) == 2
+    with pytest.raises(ExampleError, match="NameError"):
+        run_page([block("print(config)")], tmp_path)
+
+
+def test_unknown_languages_and_commands_fail(tmp_path: Path):
+    with pytest.raises(ExampleError, match="no runner"):
+        run_page([block("x", "rust")], tmp_path)
+    with pytest.raises(ExampleError, match="does not run 'rm'"):
+        run_page([block("$ rm -rf build", "console")], tmp_path)
+    with pytest.raises(ExampleError, match="unknown extra"):
+        run_page([block("$ pip install -c constraints.txt -e '.[plots]'", "console")], tmp_path)
+
+
+def test_console_commands_run_and_their_output_is_compared(tmp_path: Path):
+    shown = (
+        "$ kvcore plan gpt-oss-20b --only sliding_window,full_attention\n"
+        "gpt-oss-20b: 24 cache layers (12 sliding_window, 12 full_attention)\n..."
+    )
+    assert run_page([block(shown, "console")], tmp_path) == 1
+    with pytest.raises(ExampleError, match="differs"):
+        run_page([block(shown.replace("24 cache", "25 cache"), "console")], tmp_path)
+
+
+def test_commands_continue_over_backslashes():
+    assert commands("$ kvcore plan \\\n    gemma-3-27b\nout 1\nout 2\n$ kvcore plugins") == [
+        ("kvcore plan gemma-3-27b", "out 1\nout 2"),
+        ("kvcore plugins", ""),
+    ]
+
+
+def test_measured_times_and_padding_are_not_compared_but_counts_are():
+    check_output("decode  662,964 calls, mean   6.74 µs", "decode 662,964 calls, mean 16.1 µs", "")
+    check_output("wall time    7.99 s: setup 0.07 s", "wall time 12.10 s: setup 0.10 s", "")
+    with pytest.raises(ExampleError):
+        check_output("decode 662,964 calls", "decode 662,965 calls", "")
+
+
+def test_code_shown_as_plain_text_fails(tmp_path: Path):
+    for disguised in ("$ kvcore plan x", "pip install kvcore", "import kvcore\nkvcore.plan('x')"):
+        with pytest.raises(ExampleError, match="would never run"):
+            run_page([block(disguised, "text")], tmp_path)
+    diagram = "engine ──► KVCacheManager\n   │\n   ▼\ncoordinator"
+    formula = "num_blocks = memory // bytes_per_block"
+    assert run_page([block(diagram, "text"), block(formula, "text")], tmp_path) == 0
