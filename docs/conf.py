@@ -27,7 +27,7 @@ templates_path = []
 
 # -- HTML: furo (as pytest and attrs); the on-page table of contents is its right column.
 html_theme = "furo"
-html_title = f"kvcore {release}"
+html_title = "kvcore"
 html_short_title = "kvcore"
 html_static_path = ["_static"]
 html_css_files = ["kvcore.css"]

@@ -19,8 +19,9 @@ module that defines them (private or not), never by the docstring of ``int``,
 
 Rendering fixes applied to every page:
 
-* cross-references to private paths (``kvcore._config.KVCacheGroupSpec``) are
-  pointed at the public name (``kvcore.KVCacheGroupSpec``) and shown short;
+* cross-references to where an object is defined (``kvcore._config.KVCacheGroupSpec``,
+  ``kvcore_plugins.mamba.spec.MambaSpec``) are pointed at its public name
+  (``kvcore.KVCacheGroupSpec``, ``kvcore_plugins.mamba.MambaSpec``), shown short;
 * attrs' ``NOTHING`` sentinel never shows in a signature: a ``Factory``
   default shows its value (``frozenset()``), a ``takes_self`` one ``...``;
 * a class's fields are listed once: a parameter already listed under
@@ -34,7 +35,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
-import re
 import types
 import typing
 from functools import cache
@@ -49,7 +49,7 @@ from sphinx.application import Sphinx
 from sphinx.pycode import ModuleAnalyzer
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
-from sphinx.util.nodes import make_id, nested_parse_with_titles
+from sphinx.util.nodes import nested_parse_with_titles
 from sphinx.util.typing import restify, stringify_annotation
 
 logger = logging.getLogger(__name__)
@@ -301,7 +301,8 @@ class KVCoreAPI(SphinxDirective):
         if "section" not in self.options:
             return content.children
         title = self.options["section"]
-        section = nodes.section(ids=[make_id(title)], names=[nodes.fully_normalize_name(title)])
+        name = nodes.fully_normalize_name(title)
+        section = nodes.section(ids=[nodes.make_id(title)], names=[name])
         section["kvcore_toplevel"] = True
         section += nodes.title(title, title)
         section += content.children
@@ -323,11 +324,9 @@ def _hoist_sections(app: Sphinx, doctree: nodes.document) -> None:
             top.append(section)
 
 
-_PRIVATE = re.compile(r"^(" + "|".join(PACKAGES + EXTRA_PACKAGES) + r")(\.\w+)*\._\w+")
-
-
 def _public_target(target: str) -> str | None:
-    if not _PRIVATE.match(target):
+    """The public path of an object referred to by where it is defined, if any."""
+    if not target.startswith(PACKAGES + EXTRA_PACKAGES):
         return None
     return public_paths().get(target)
 
