@@ -24,11 +24,18 @@ def test_page_examples_run_as_shown(built_docs: BuiltDocs, docname: str, tmp_pat
         pytest.skip(str(exc))
 
 
-def test_the_integration_guide_loop_is_run(built_docs: BuiltDocs, tmp_path: Path):
-    page_blocks = blocks(built_docs.doctree("how-to/integrate-an-engine"), "x")
-    python = [b for b in page_blocks if b.language == "python"]
-    assert any("def step(" in b.text for b in python), "the scheduler loop is not a Python block"
-    assert run_page(page_blocks, tmp_path) >= len(python)
+def test_the_integration_guide_loop_is_one_of_the_blocks_run(built_docs: BuiltDocs):
+    # test_page_examples_run_as_shown[how-to/integrate-an-engine] runs them.
+    assert "how-to/integrate-an-engine" in PAGES
+    page_blocks = blocks(built_docs.doctree("how-to/integrate-an-engine"), "guide")
+    python = [b.text for b in page_blocks if b.language == "python"]
+    loop = [text for text in python if "def step(" in text]
+    assert len(loop) == 1, "the scheduler loop is not a Python block of the guide"
+    for call in ("get_computed_blocks(", "allocate_slots(", "free(", "block_table("):
+        assert any(call in text for text in python), call
+    for call in ("allocate_kv_cache(", "take_events(", "reset_prefix_cache("):
+        assert any(call in text for text in python), call
+    assert sum(b.is_output for b in page_blocks) >= 7
 
 
 def block(text: str, language: str = "python", classes: tuple[str, ...] = ()) -> Block:
