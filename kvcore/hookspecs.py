@@ -9,7 +9,7 @@ built (:func:`kvcore.load_registry`), never on the allocation path.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import pluggy
 
@@ -17,7 +17,17 @@ from kvcore._planning.layer_config import LayerConfig
 from kvcore._registry import LayerType
 from kvcore.specs import KVCacheSpec
 
-__all__ = ["PROJECT_NAME", "hookimpl", "hookspec", "kvcore_layer_kinds", "kvcore_layer_types"]
+if TYPE_CHECKING:
+    from kvcore.reference import ReferenceKernel
+
+__all__ = [
+    "PROJECT_NAME",
+    "hookimpl",
+    "hookspec",
+    "kvcore_layer_kinds",
+    "kvcore_layer_types",
+    "kvcore_reference_kernels",
+]
 
 #: The pluggy project name, and the entry-point group plugins register under.
 PROJECT_NAME: Final = "kvcore"
@@ -106,6 +116,43 @@ def kvcore_layer_kinds() -> Mapping[str, Callable[[LayerConfig], KVCacheSpec]]: 
                 return {"sliding_attention": _build}
 
     Used by the built-in plugins, e.g. ``kvcore_plugins.sliding_window.model_config``.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def kvcore_reference_kernels() -> Mapping[type[KVCacheSpec], ReferenceKernel]:  # type: ignore[empty-body]
+    """Return the reference kernels of the attention types this plugin provides (optional).
+
+    A reference kernel (:class:`kvcore.reference.ReferenceKernel`) is a small
+    pure-torch implementation of a layer of one attention type over the paged
+    cache. The executor (:mod:`kvcore.executor`, ``kvcore simulate
+    --execute``) runs a tiny model made of them through a real
+    :class:`~kvcore.KVCacheManager` and checks every output against a dense
+    run with no cache: the proof that the block tables hold the right numbers.
+    A plugin without this hook works everywhere else; only the executor then
+    refuses models with its layers, naming the spec class.
+
+    Called when an executor is built, never on the allocation path. Keep the
+    module that imports torch out of the plugin's top-level imports: import it
+    inside the hook, so that loading the plugin stays cheap. Each spec class
+    may have one kernel: a second claim raises
+    :class:`~kvcore.errors.PluginConflictError` naming both plugins. Lookups
+    use the exact spec class, as the registry's.
+
+    Returns:
+        Spec class → kernel instance.
+
+    Example::
+
+        @kvcore.hookimpl
+        def kvcore_reference_kernels():
+            from my_plugin.kernel import MyKernel  # imports torch
+
+            return {MySpec: MyKernel()}
+
+    Used by every built-in plugin, e.g. ``kvcore_plugins.sliding_window.kernel``.
 
     .. versionadded:: 0.1
     """

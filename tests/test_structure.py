@@ -15,6 +15,7 @@ PUBLIC_CORE_MODULES = {
     "kvcore.managers",
     "kvcore.hookspecs",
     "kvcore.errors",
+    "kvcore.reference",
 }
 
 

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+import attrs
+
 from kvcore._cli.plugins_cmd import add_selection_options, registry_from_args
 from kvcore._hashing import HASH_ALGORITHMS
 from kvcore._sim.report import format_report
@@ -138,6 +140,13 @@ def add_parser(subparsers: Any) -> None:
         help="skip malformed trace lines and count them in the report "
         "(default: stop at the first, naming file, line and reason)",
     )
+    parser.add_argument(
+        "--execute",
+        action="store_true",
+        help="also run a tiny model through the cache, step by step, and check every output "
+        "against the same model run with no cache (CUDA if available, else CPU; for tiny "
+        "models such as tiny-hybrid, see kvcore.executor, with a small --memory)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--plot",
@@ -181,15 +190,35 @@ def run(args: argparse.Namespace) -> int:
         args.trace, limit=args.limit, seed=args.seed, skip_bad_lines=args.skip_bad_lines
     )
     registry = registry_from_args(args)
-    report = simulate(workload, options, registry=registry, progress=progress_printer())
+    executor = None
+    if args.execute:
+        from kvcore._exec.simulate import SimulationExecutor, resolve_model
+
+        executor = SimulationExecutor()
+        options = attrs.evolve(options, model=resolve_model(args.model))
+    report = simulate(
+        workload,
+        options,
+        registry=registry,
+        progress=progress_printer(),
+        attach=executor.attach if executor is not None else None,
+    )
+    execution = executor.report() if executor is not None else None
     if args.plot is not None:
         from kvcore._sim.plot import plot_report
 
         plot_report(report, args.plot)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        data = report.to_dict()
+        if execution is not None:
+            data["execution"] = execution.to_dict()
+        print(json.dumps(data, indent=2))
     else:
         print(format_report(report))
         if args.plot is not None:
             print(f"  plot         {args.plot}")
-    return 0
+        if execution is not None:
+            from kvcore._exec.report import format_execution
+
+            print(format_execution(execution))
+    return 0 if execution is None or execution.ok else 1

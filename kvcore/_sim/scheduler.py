@@ -128,6 +128,9 @@ class Scheduler:
         requests: The requests to serve, in arrival order, each with a prompt
             and output that fit ``manager.max_model_len``.
         sample_capacity: Most usage samples kept (see :class:`Sampler`).
+        on_step: Called with every step's ``(request, tokens scheduled)``
+            pairs after the step's allocations and before it runs (how
+            ``--execute`` computes each step).
     """
 
     def __init__(
@@ -137,8 +140,10 @@ class Scheduler:
         requests: Sequence[SimRequest],
         *,
         sample_capacity: int = 512,
+        on_step: Callable[[Sequence[tuple[Request, int]]], None] | None = None,
     ) -> None:
         self.manager = manager
+        self.on_step = on_step
         self.config = config
         self.requests = requests
         self.pending: deque[SimRequest] = deque(requests)
@@ -281,6 +286,8 @@ class Scheduler:
                 raise UnservableRequestError(msg)
             return
 
+        if self.on_step is not None:
+            self.on_step([(e.request, n) for e, n in scheduled if e.request is not None])
         # Run the step: advance computed tokens, sample, finish.
         free = manager.free
         num_tokens = 0

@@ -11,6 +11,7 @@ import attrs
 
 from kvcore._hashing import HASH_ALGORITHMS
 from kvcore._kv_cache_manager import KVCacheManager
+from kvcore._planning.plan import KVCachePlan
 from kvcore._planning.plan import plan as make_plan
 from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
@@ -86,6 +87,7 @@ def simulate(
     *,
     registry: Registry | None = None,
     progress: Callable[[Scheduler], None] | None = None,
+    attach: Callable[[KVCachePlan, KVCacheManager], Callable[..., None]] | None = None,
 ) -> SimulationReport:
     """Replay ``workload`` on the planned KV cache of ``options.model``.
 
@@ -98,6 +100,9 @@ def simulate(
         options: Model, memory and scheduler (default :class:`SimulationOptions()`).
         registry: Plugins to serve the groups (default: every installed plugin).
         progress: Called periodically with the scheduler (progress display).
+        attach: Called with the plan and the manager before the replay; the
+            callable it returns gets every step's scheduled requests (how
+            ``--execute`` runs the steps).
 
     Raises:
         KVCoreError: an unknown model, memory below one ``max_model_len``
@@ -158,7 +163,8 @@ def simulate(
     granularity = math.lcm(*cacheable) if cacheable else 1
     ceiling = prefix_reuse_ceiling([r.trace for r in accepted], granularity)
 
-    scheduler = Scheduler(manager, options.scheduler, accepted)
+    on_step = attach(plan, manager) if attach is not None else None
+    scheduler = Scheduler(manager, options.scheduler, accepted, on_step=on_step)
     setup_s = time.perf_counter() - started
     replay_started = time.perf_counter()
     scheduler.run(progress)

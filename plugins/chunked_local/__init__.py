@@ -16,17 +16,33 @@ Hits
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.chunked_local.manager import ChunkedLocalAttentionManager
 from kvcore_plugins.chunked_local.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.chunked_local.spec import ChunkedLocalAttentionSpec
 
-__all__ = ["ChunkedLocalAttentionManager", "ChunkedLocalAttentionSpec", "kvcore_layer_types"]
+if TYPE_CHECKING:
+    from kvcore.reference import ReferenceKernel
+
+__all__ = [
+    "ChunkedLocalAttentionManager",
+    "ChunkedLocalAttentionSpec",
+    "kvcore_layer_types",
+    "kvcore_reference_kernels",
+]
 
 
 @kvcore.hookimpl
 def kvcore_layer_types() -> list[kvcore.LayerType[Any]]:
     """Register chunked local attention."""
     return [kvcore.LayerType(ChunkedLocalAttentionSpec, ChunkedLocalAttentionManager)]
+
+
+@kvcore.hookimpl
+def kvcore_reference_kernels() -> dict[type[ChunkedLocalAttentionSpec], ReferenceKernel]:
+    """The reference kernel of chunked local attention (imports torch, so only when asked)."""
+    from kvcore_plugins.chunked_local.kernel import ChunkedLocalAttentionKernel
+
+    return {ChunkedLocalAttentionSpec: ChunkedLocalAttentionKernel()}

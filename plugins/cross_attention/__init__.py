@@ -15,17 +15,33 @@ Hits
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.cross_attention.manager import CrossAttentionManager
 from kvcore_plugins.cross_attention.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.cross_attention.spec import CrossAttentionSpec
 
-__all__ = ["CrossAttentionManager", "CrossAttentionSpec", "kvcore_layer_types"]
+if TYPE_CHECKING:
+    from kvcore.reference import ReferenceKernel
+
+__all__ = [
+    "CrossAttentionManager",
+    "CrossAttentionSpec",
+    "kvcore_layer_types",
+    "kvcore_reference_kernels",
+]
 
 
 @kvcore.hookimpl
 def kvcore_layer_types() -> list[kvcore.LayerType[Any]]:
     """Register cross attention."""
     return [kvcore.LayerType(CrossAttentionSpec, CrossAttentionManager)]
+
+
+@kvcore.hookimpl
+def kvcore_reference_kernels() -> dict[type[CrossAttentionSpec], ReferenceKernel]:
+    """The reference kernel of cross attention (imports torch, so only when asked)."""
+    from kvcore_plugins.cross_attention.kernel import CrossAttentionKernel
+
+    return {CrossAttentionSpec: CrossAttentionKernel()}

@@ -12,17 +12,33 @@ Hits
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.hidden_state.manager import HiddenStateCacheManager
 from kvcore_plugins.hidden_state.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.hidden_state.spec import HiddenStateCacheSpec
 
-__all__ = ["HiddenStateCacheManager", "HiddenStateCacheSpec", "kvcore_layer_types"]
+if TYPE_CHECKING:
+    from kvcore.reference import ReferenceKernel
+
+__all__ = [
+    "HiddenStateCacheManager",
+    "HiddenStateCacheSpec",
+    "kvcore_layer_types",
+    "kvcore_reference_kernels",
+]
 
 
 @kvcore.hookimpl
 def kvcore_layer_types() -> list[kvcore.LayerType[Any]]:
     """Register the hidden-state cache."""
     return [kvcore.LayerType(HiddenStateCacheSpec, HiddenStateCacheManager)]
+
+
+@kvcore.hookimpl
+def kvcore_reference_kernels() -> dict[type[HiddenStateCacheSpec], ReferenceKernel]:
+    """The reference kernel of the hidden-state cache (imports torch, so only when asked)."""
+    from kvcore_plugins.hidden_state.kernel import HiddenStateCacheKernel
+
+    return {HiddenStateCacheSpec: HiddenStateCacheKernel()}

@@ -16,17 +16,33 @@ Hits
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.mamba.manager import MambaManager
 from kvcore_plugins.mamba.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.mamba.spec import MambaSpec
 
-__all__ = ["MambaManager", "MambaSpec", "kvcore_layer_types"]
+if TYPE_CHECKING:
+    from kvcore.reference import ReferenceKernel
+
+__all__ = [
+    "MambaManager",
+    "MambaSpec",
+    "kvcore_layer_types",
+    "kvcore_reference_kernels",
+]
 
 
 @kvcore.hookimpl
 def kvcore_layer_types() -> list[kvcore.LayerType[Any]]:
     """Register Mamba / linear-attention state."""
     return [kvcore.LayerType(MambaSpec, MambaManager)]
+
+
+@kvcore.hookimpl
+def kvcore_reference_kernels() -> dict[type[MambaSpec], ReferenceKernel]:
+    """The reference kernel of Mamba / linear-attention state (imports torch when asked)."""
+    from kvcore_plugins.mamba.kernel import MambaKernel
+
+    return {MambaSpec: MambaKernel()}

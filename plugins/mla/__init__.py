@@ -13,18 +13,22 @@ Hits
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.mla.manager import MLAAttentionManager
 from kvcore_plugins.mla.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.mla.spec import CACHE_DTYPE_BYTES_PER_TOKEN, MLAAttentionSpec
 
+if TYPE_CHECKING:
+    from kvcore.reference import ReferenceKernel
+
 __all__ = [
     "CACHE_DTYPE_BYTES_PER_TOKEN",
     "MLAAttentionManager",
     "MLAAttentionSpec",
     "kvcore_layer_types",
+    "kvcore_reference_kernels",
 ]
 
 
@@ -32,3 +36,11 @@ __all__ = [
 def kvcore_layer_types() -> list[kvcore.LayerType[Any]]:
     """Register multi-head latent attention."""
     return [kvcore.LayerType(MLAAttentionSpec, MLAAttentionManager)]
+
+
+@kvcore.hookimpl
+def kvcore_reference_kernels() -> dict[type[MLAAttentionSpec], ReferenceKernel]:
+    """The reference kernel of multi-head latent attention (imports torch, so only when asked)."""
+    from kvcore_plugins.mla.kernel import MLAAttentionKernel
+
+    return {MLAAttentionSpec: MLAAttentionKernel()}

@@ -14,17 +14,33 @@ Hits
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.sink_full_attention.manager import SinkFullAttentionManager
 from kvcore_plugins.sink_full_attention.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.sink_full_attention.spec import SinkFullAttentionSpec
 
-__all__ = ["SinkFullAttentionManager", "SinkFullAttentionSpec", "kvcore_layer_types"]
+if TYPE_CHECKING:
+    from kvcore.reference import ReferenceKernel
+
+__all__ = [
+    "SinkFullAttentionManager",
+    "SinkFullAttentionSpec",
+    "kvcore_layer_types",
+    "kvcore_reference_kernels",
+]
 
 
 @kvcore.hookimpl
 def kvcore_layer_types() -> list[kvcore.LayerType[Any]]:
     """Register full attention with attention sinks."""
     return [kvcore.LayerType(SinkFullAttentionSpec, SinkFullAttentionManager)]
+
+
+@kvcore.hookimpl
+def kvcore_reference_kernels() -> dict[type[SinkFullAttentionSpec], ReferenceKernel]:
+    """The reference kernel of full attention with sinks (imports torch, so only when asked)."""
+    from kvcore_plugins.sink_full_attention.kernel import SinkFullAttentionKernel
+
+    return {SinkFullAttentionSpec: SinkFullAttentionKernel()}

@@ -17,18 +17,22 @@ Hits
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.sliding_window.manager import SlidingWindowManager, contiguous_blocks_needed
 from kvcore_plugins.sliding_window.model_config import kvcore_layer_kinds as kvcore_layer_kinds
 from kvcore_plugins.sliding_window.spec import SlidingWindowSpec
 
+if TYPE_CHECKING:
+    from kvcore.reference import ReferenceKernel
+
 __all__ = [
     "SlidingWindowManager",
     "SlidingWindowSpec",
     "contiguous_blocks_needed",
     "kvcore_layer_types",
+    "kvcore_reference_kernels",
 ]
 
 
@@ -36,3 +40,11 @@ __all__ = [
 def kvcore_layer_types() -> list[kvcore.LayerType[Any]]:
     """Register sliding-window attention."""
     return [kvcore.LayerType(SlidingWindowSpec, SlidingWindowManager)]
+
+
+@kvcore.hookimpl
+def kvcore_reference_kernels() -> dict[type[SlidingWindowSpec], ReferenceKernel]:
+    """The reference kernel of sliding-window attention (imports torch, so only when asked)."""
+    from kvcore_plugins.sliding_window.kernel import SlidingWindowKernel
+
+    return {SlidingWindowSpec: SlidingWindowKernel()}
