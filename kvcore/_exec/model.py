@@ -61,7 +61,7 @@ class ReferenceModel:
     output*, random per request (seeded by the model's seed and the request
     id), which cross-attention layers read.
 
-    Build it with :meth:`from_plan`.
+    Build it with :meth:`from_plan` (or :meth:`from_specs`).
 
     Attributes:
         layers: The layers, in model order.
@@ -90,11 +90,35 @@ class ReferenceModel:
         seed: int = 0,
         device: torch.device | str = "cpu",
     ) -> ReferenceModel:
-        """The model of ``plan.layer_specs``, with weights drawn from ``seed``.
+        """The model of a plan's layers (``plan.layer_specs``); see :meth:`from_specs`."""
+        return cls.from_specs(
+            plan.layer_specs,
+            registry=registry,
+            kernels=kernels,
+            hidden_size=hidden_size,
+            vocab_size=vocab_size,
+            seed=seed,
+            device=device,
+        )
+
+    @classmethod
+    def from_specs(
+        cls,
+        layer_specs: Mapping[str, KVCacheSpec],
+        *,
+        registry: Registry | None = None,
+        kernels: Mapping[type[KVCacheSpec], ReferenceKernel] | None = None,
+        hidden_size: int = DEFAULT_HIDDEN_SIZE,
+        vocab_size: int = DEFAULT_VOCAB_SIZE,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+    ) -> ReferenceModel:
+        """The model of ``layer_specs``, with weights drawn from ``seed``.
 
         Args:
-            plan: A plan (:func:`kvcore.plan`); its layer specs, as the model
-                config built them, define the layers.
+            layer_specs: Layer name → spec, in model order, as the model
+                config builds them (before planning changes block sizes or
+                pages): they say what each layer computes.
             registry: The plugins providing kernels (default: every
                 installed plugin).
             kernels: Spec class → kernel (default: collected from
@@ -111,13 +135,11 @@ class ReferenceModel:
         """
         _check_positive("hidden_size", hidden_size)
         _check_positive("vocab_size", vocab_size)
+        registry = load_registry() if registry is None else registry
         if kernels is None:
-            registry = load_registry() if registry is None else registry
             kernels = reference_kernels(registry)
-        elif registry is None:
-            registry = load_registry()
         layers = []
-        for index, (name, spec) in enumerate(plan.layer_specs.items()):
+        for index, (name, spec) in enumerate(layer_specs.items()):
             kernel = kernel_for(kernels, spec, registry, name)
             generator = torch.Generator().manual_seed(_mix(seed, index + 1))
             params = {

@@ -1,0 +1,73 @@
+"""Helpers of the executor tests: plan a tiny model, run it through the engine loop."""
+
+from __future__ import annotations
+
+import kvcore
+from kvcore.executor import (
+    EngineConfig,
+    ExecutionReport,
+    Executor,
+    ReferenceEngine,
+    synthetic_requests,
+    tiny_model_path,
+)
+from kvcore.testing import check_manager_invariants
+
+
+def tiny_plan(
+    name: str,
+    *,
+    layout: str = "layer_outer",
+    hybrid: bool = True,
+    pressure: float = 1.5,
+    block_size: int = 4,
+    max_num_batched_tokens: int = 32,
+    dtype: str | None = None,
+) -> kvcore.KVCachePlan:
+    """A tiny model's plan with a pool of ``pressure`` times what one longest request needs."""
+    options = dict(
+        block_size=block_size,
+        max_num_batched_tokens=max_num_batched_tokens,
+        layout=layout,
+        hybrid=hybrid,
+        dtype=dtype,
+    )
+    path = tiny_model_path(name)
+    base = kvcore.plan(path, memory="64MiB", **options)
+    reserved = sum(g.kv_cache_spec.pool_reserved_blocks for g in base.kv_cache_config.kv_cache_groups)
+    need = base.blocks_per_request + 1 + reserved
+    return kvcore.plan(path, num_blocks=int(need * pressure), **options)
+
+
+def is_encoder_decoder(plan: kvcore.KVCachePlan) -> bool:
+    return any(spec.kind == "cross_attention" for spec in plan.layer_specs.values())
+
+
+def run_engine(
+    plan: kvcore.KVCachePlan,
+    *,
+    num_requests: int = 18,
+    config: EngineConfig | None = None,
+    use_eagle: bool = False,
+    seed: int = 0,
+    max_output: int = 12,
+    invariants: bool = True,
+) -> tuple[Executor, ReferenceEngine, ExecutionReport]:
+    """Serve synthetic requests through the plan's cache; check invariants after every step."""
+    encoder = is_encoder_decoder(plan)
+    executor = Executor.from_plan(plan, enable_caching=not encoder, use_eagle=use_eagle, seed=seed)
+    requests = synthetic_requests(
+        num_requests,
+        max_model_len=plan.max_model_len,
+        seed=seed,
+        max_output=max_output,
+        num_encoder_tokens=20 if encoder else 0,
+    )
+    engine = ReferenceEngine(
+        executor,
+        requests,
+        config or EngineConfig(reset_prefix_cache_at=(25,)),
+        on_step=(lambda e: check_manager_invariants(e.manager)) if invariants else None,
+    )
+    engine.run()
+    return executor, engine, executor.check()

@@ -1,0 +1,135 @@
+"""Every tiny model, in every layout the planner gives it, computes exactly what no cache computes.
+
+Each run serves 18 synthetic requests through a pool of 1.2 times what one
+longest request needs, so the run has chunked prefill, decode, prefix hits
+between requests, evictions, preemptions (some resumed from their own cached
+blocks) and a prefix-cache reset; the manager's invariants are checked after
+every step, and every computed position is compared bit for bit (float64)
+with the dense run of the same model.
+"""
+
+from __future__ import annotations
+
+import pytest
+from exechelpers import run_engine, tiny_plan
+
+from kvcore.executor import tiny_models
+from kvcore_plugins.full_attention import FullAttentionSpec
+from kvcore_plugins.hidden_state import HiddenStateCacheSpec
+from kvcore_plugins.mamba import MambaSpec
+from kvcore_plugins.mla import MLAAttentionSpec
+from kvcore_plugins.sink_full_attention import SinkFullAttentionSpec
+
+CASES = [
+    (name, layout, True) for name in tiny_models() for layout in ("layer_outer", "block_outer")
+] + [
+    ("tiny-gemma", "layer_outer", False),
+    ("tiny-mla", "layer_outer", False),
+    ("tiny-hidden", "block_outer", False),
+]
+
+
+@pytest.mark.parametrize(("name", "layout", "hybrid"), CASES)
+def test_paged_run_equals_the_dense_oracle(name, layout, hybrid):
+    plan = tiny_plan(name, layout=layout, hybrid=hybrid, pressure=1.2)
+    executor, engine, report = run_engine(plan)
+
+    assert report.num_mismatches == 0, [m.describe() for m in report.mismatches]
+    assert report.null_block_writes == ()
+    assert report.ok
+    stats = engine.stats
+    assert stats.finished == 18
+    # Every position of every request was computed and checked at least once.
+    prompt_and_output = sum(len(r.all_token_ids) - 1 for r in engine.finished)
+    assert report.positions_checked >= prompt_and_output - stats.hit_tokens
+    # The run exercised the engine features the executor is there to check.
+    assert stats.prefill_chunks > 0
+    assert stats.decode_steps > 0
+    assert stats.preemptions > 0
+    assert stats.resets == 1
+    if executor.manager.enable_caching:
+        assert stats.hit_admissions > 0
+        assert stats.evicted_blocks > 0
+        assert stats.resumed_with_hit > 0
+
+
+def _groups(plan):
+    return plan.kv_cache_config.kv_cache_groups
+
+
+def _layer_specs(plan):
+    return [spec for group in _groups(plan) for _, spec in group.items()]
+
+
+def test_tiny_hybrid_raises_the_block_size_and_pads_the_mamba_pages():
+    plan = tiny_plan("tiny-hybrid")
+    kinds = {spec.kind for spec in plan.layer_specs.values()}
+    assert kinds == {"full_attention", "sliding_window", "chunked_local_attention", "mamba"}
+    # 2 KV heads x (4 + 4) x 8 bytes = 128 bytes per token; the Mamba-2 state is
+    # (3 x 16 + 2 x 4 x 4) x 8 = 640 bytes: 16 x ceil(640 / (16 x 128)) = 16 tokens.
+    assert {group.kv_cache_spec.block_size for group in _groups(plan)} == {16}
+    states = [s for s in _layer_specs(plan) if isinstance(s, MambaSpec)]
+    assert len(states) == 2
+    assert all(s.real_page_size_bytes == 640 and s.page_size_bytes == 2048 for s in states)
+
+
+def test_tiny_gemma_has_a_padding_slot_and_unified_mode_records_the_window():
+    plan = tiny_plan("tiny-gemma")
+    # 2 full and 3 sliding layers: group size 2, the sliding bucket splits in two groups.
+    assert plan.padding_slots == 1
+    assert len(_groups(plan)) == 3
+    unified = tiny_plan("tiny-gemma", hybrid=False)
+    (group,) = _groups(unified)
+    assert isinstance(group.kv_cache_spec, FullAttentionSpec)
+    assert group.kv_cache_spec.sliding_window == 6
+
+
+def test_tiny_mla_unifies_pages_by_scaling_the_mla_block_size():
+    plan = tiny_plan("tiny-mla")
+    sizes = {type(g.kv_cache_spec).__name__: g.kv_cache_spec.block_size for g in _groups(plan)}
+    # MLA: 4 x 8 x 8 = 256-byte page at block 4, sliding window 512: MLA doubles its block.
+    assert sizes == {"MLAAttentionSpec": 8, "SlidingWindowSpec": 4}
+    packed = tiny_plan("tiny-mla", layout="block_outer")
+    pages = {g.kv_cache_spec.page_size_bytes for g in _groups(packed)}
+    assert pages == {256, 512}  # block-outer packing: no unification needed
+
+
+def test_tiny_mla_fallback_allocates_the_windows_as_full_attention():
+    plan = tiny_plan("tiny-mla-fallback")
+    (group,) = _groups(plan)
+    # MLA's 192-byte page (6-wide latent) and the 512-byte window page do not divide.
+    specs = group.layer_specs
+    assert [type(s).__name__ for s in specs] == [
+        "MLAAttentionSpec",
+        "FullAttentionSpec",
+        "FullAttentionSpec",
+        "MLAAttentionSpec",
+    ]
+    assert specs[1].sliding_window == 10
+    assert isinstance(specs[0], MLAAttentionSpec)
+
+
+def test_tiny_hidden_gets_its_own_group_with_a_padded_page():
+    plan = tiny_plan("tiny-hidden")
+    hidden = [s for s in _layer_specs(plan) if isinstance(s, HiddenStateCacheSpec)]
+    assert len(hidden) == 1
+    # one 6-wide float64 vector per token: 4 x 48 = 192 bytes, padded to the 512 of attention.
+    assert hidden[0].real_page_size_bytes == 192
+    assert hidden[0].page_size_bytes == 512
+
+
+def test_tiny_sink_reserves_the_sink_blocks():
+    plan = tiny_plan("tiny-sink")
+    sinks = [g for g in _groups(plan) if isinstance(g.kv_cache_spec, SinkFullAttentionSpec)]
+    assert [g.kv_cache_spec.pool_reserved_blocks for g in sinks] == [2]  # 8 sink tokens / 4
+
+
+def test_a_bfloat16_cache_is_bit_exact_too():
+    # Keys, values and latents are rounded to bfloat16 where they are stored, in
+    # the paged and the dense run alike; states stay in the model's float64.
+    plan = tiny_plan("tiny-hybrid", dtype="bfloat16", pressure=1.2)
+    attention = [g.kv_cache_spec for g in _groups(plan) if g.kv_cache_spec.kind != "mamba"]
+    assert {spec.dtype for spec in attention} == {"bfloat16"}
+    _, engine, report = run_engine(plan)
+    assert report.ok, [m.describe() for m in report.mismatches]
+    assert engine.stats.hit_admissions > 0
