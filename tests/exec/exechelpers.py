@@ -34,7 +34,9 @@ def tiny_plan(
     )
     path = tiny_model_path(name)
     base = kvcore.plan(path, memory="64MiB", **options)
-    reserved = sum(g.kv_cache_spec.pool_reserved_blocks for g in base.kv_cache_config.kv_cache_groups)
+    reserved = sum(
+        g.kv_cache_spec.pool_reserved_blocks for g in base.kv_cache_config.kv_cache_groups
+    )
     need = base.blocks_per_request + 1 + reserved
     return kvcore.plan(path, num_blocks=int(need * pressure), **options)
 
@@ -46,7 +48,7 @@ def is_encoder_decoder(plan: kvcore.KVCachePlan) -> bool:
 def run_engine(
     plan: kvcore.KVCachePlan,
     *,
-    num_requests: int = 18,
+    num_requests: int = 14,
     config: EngineConfig | None = None,
     use_eagle: bool = False,
     seed: int = 0,
@@ -66,7 +68,7 @@ def run_engine(
     engine = ReferenceEngine(
         executor,
         requests,
-        config or EngineConfig(reset_prefix_cache_at=(25,)),
+        config or EngineConfig(reset_prefix_cache_at=(15,)),
         on_step=(lambda e: check_manager_invariants(e.manager)) if invariants else None,
     )
     engine.run()

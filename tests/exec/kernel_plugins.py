@@ -31,16 +31,14 @@ class TemperatureAttentionManager(PrefixManager[TemperatureAttentionSpec]):
 class TemperatureKernel(TokenRowKernel):
     """The default attention row, with the query divided by the temperature."""
 
-    def read_out(
-        self, spec: KVCacheSpec, params: Params, x: Any, rows: Any
-    ) -> Any:
+    def read_out(self, spec: KVCacheSpec, params: Params, x: Any, rows: Any) -> Any:
         assert isinstance(spec, TemperatureAttentionSpec)
         key = spec.head_size
         query = project(x, params["wq"]).reshape(spec.num_kv_heads, key) / spec.temperature
         return project(attend(query, rows[..., :key], rows[..., key:]).reshape(-1), params["wo"])
 
 
-class temperature:  # noqa: N801 - a plugin namespace, named like a module
+class Temperature:
     """A third-party plugin with a type and its reference kernel."""
 
     @staticmethod
@@ -54,7 +52,7 @@ class temperature:  # noqa: N801 - a plugin namespace, named like a module
         return {TemperatureAttentionSpec: TemperatureKernel()}
 
 
-class no_kernel:  # noqa: N801
+class NoKernel:
     """The same type without the kernel hook."""
 
     @staticmethod
@@ -63,7 +61,7 @@ class no_kernel:  # noqa: N801
         return [kvcore.LayerType(TemperatureAttentionSpec, TemperatureAttentionManager)]
 
 
-class duplicate:  # noqa: N801
+class Duplicate:
     """Claims a kernel for full attention, which the built-in plugin provides."""
 
     @staticmethod
@@ -72,7 +70,7 @@ class duplicate:  # noqa: N801
         return {FullAttentionSpec: TokenRowKernel()}
 
 
-class bad_return:  # noqa: N801
+class BadReturn:
     """Returns a list instead of a mapping."""
 
     @staticmethod

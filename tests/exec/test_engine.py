@@ -20,7 +20,7 @@ from kvcore.executor import (
 @pytest.mark.parametrize("name", ["tiny-gemma", "tiny-mla", "tiny-sink"])
 def test_speculative_decoding_with_lookahead_slots(name):
     plan = tiny_plan(name, pressure=1.3)
-    config = EngineConfig(num_speculative_tokens=3, reset_prefix_cache_at=(25,))
+    config = EngineConfig(num_speculative_tokens=3, reset_prefix_cache_at=(15,))
     executor, engine, report = run_engine(plan, use_eagle=True, config=config, max_output=20)
     assert executor.manager.use_eagle
     stats = engine.stats
@@ -102,7 +102,9 @@ def test_mamba_without_prefix_caching_keeps_one_state_per_request():
 def test_requests_that_do_not_fit_are_refused():
     executor = Executor.from_plan(tiny_plan("tiny-gemma"))
     too_long = EngineRequest(request_id="x", prompt_token_ids=[1] * 120, max_output_tokens=9)
-    with pytest.raises(InvalidRequestError, match=r"'x': 120 prompt \+ 9 output tokens exceed max_model_len=128"):
+    with pytest.raises(
+        InvalidRequestError, match=r"'x': 120 prompt \+ 9 output tokens exceed max_model_len=128"
+    ):
         ReferenceEngine(executor, [too_long])
     twice = EngineRequest(request_id="y", prompt_token_ids=[1], max_output_tokens=1)
     with pytest.raises(InvalidRequestError, match="share the id 'y'"):

@@ -18,7 +18,7 @@ from kvcore.executor import (
     ReferenceModel,
     reference_kernels,
 )
-from kvcore.reference import CacheLayer, PagedAccessError, StepInput, TokenRowKernel, attend
+from kvcore.reference import CacheLayer, PagedAccessError, StepInput, attend
 from kvcore_plugins.chunked_local import ChunkedLocalAttentionSpec
 from kvcore_plugins.cross_attention import CrossAttentionSpec
 from kvcore_plugins.full_attention import FullAttentionSpec
@@ -255,28 +255,25 @@ def test_loading_plugins_does_not_import_torch():
 
 
 def with_plugin(name, attribute):
-    from kernel_plugins import TemperatureAttentionSpec
+    """The built-in plugins plus ``kernel_plugins.<attribute>`` serving the temperature type."""
+    from kernel_plugins import TemperatureAttentionManager, TemperatureAttentionSpec
 
-    types = (kvcore.LayerType(TemperatureAttentionSpec, _manager()),) if attribute != "bad" else ()
+    types = (kvcore.LayerType(TemperatureAttentionSpec, TemperatureAttentionManager),)
     info = PluginInfo(name=name, module=f"kernel_plugins:{attribute}", layer_types=types)
     return Registry((*kvcore.load_registry().plugins, info))
 
 
-def _manager():
-    from kernel_plugins import TemperatureAttentionManager
-
-    return TemperatureAttentionManager
-
-
 def test_two_kernels_for_one_spec_class_conflict():
-    info = PluginInfo(name="dup", module="kernel_plugins:duplicate")
+    info = PluginInfo(name="dup", module="kernel_plugins:Duplicate")
     registry = Registry((*kvcore.load_registry().plugins, info))
-    with pytest.raises(PluginConflictError, match=r"FullAttentionSpec .* 'full_attention' .* 'dup'"):
+    with pytest.raises(
+        PluginConflictError, match=r"FullAttentionSpec .* 'full_attention' .* 'dup'"
+    ):
         reference_kernels(registry)
 
 
 def test_a_hook_returning_something_else_is_named():
-    info = PluginInfo(name="bad", module="kernel_plugins:bad_return")
+    info = PluginInfo(name="bad", module="kernel_plugins:BadReturn")
     registry = Registry((*kvcore.load_registry().plugins, info))
     with pytest.raises(HookImplementationError, match="plugin 'bad': kvcore_reference_kernels"):
         reference_kernels(registry)
@@ -290,13 +287,13 @@ def temperature_layers():
 
 
 def test_a_spec_without_a_kernel_is_refused_naming_its_plugin():
-    registry = with_plugin("tempo", "no_kernel")
+    registry = with_plugin("tempo", "NoKernel")
     with pytest.raises(UnknownSpecError, match=r"layer 't.0'.*plugin 'tempo' serves it but"):
         ReferenceModel.from_specs(temperature_layers(), registry=registry)
 
 
 def test_a_third_party_kernel_runs_through_the_executor():
-    registry = with_plugin("tempo", "temperature")
+    registry = with_plugin("tempo", "Temperature")
     layers = temperature_layers()
     groups = [
         KVCacheGroupSpec(layer_names=(name,), kv_cache_spec=spec) for name, spec in layers.items()
@@ -306,8 +303,12 @@ def test_a_third_party_kernel_runs_through_the_executor():
     model = ReferenceModel.from_specs(layers, registry=registry)
     executor = Executor(model, manager, kvcore.allocate_kv_cache(config))
     requests = [
-        EngineRequest(request_id=f"r{i}", prompt_token_ids=list(range(i, i + 20)),
-                      max_output_tokens=5, arrival_step=i)
+        EngineRequest(
+            request_id=f"r{i}",
+            prompt_token_ids=list(range(i, i + 20)),
+            max_output_tokens=5,
+            arrival_step=i,
+        )
         for i in range(4)
     ]
     ReferenceEngine(executor, requests).run()
