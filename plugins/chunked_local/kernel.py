@@ -20,5 +20,10 @@ class ChunkedLocalAttentionKernel(TokenRowKernel):
 
     def first_visible(self, spec: KVCacheSpec, position: int) -> int:
         """``position - position % attention_chunk_size``."""
-        assert isinstance(spec, ChunkedLocalAttentionSpec)
+        if not isinstance(spec, ChunkedLocalAttentionSpec):
+            msg = (
+                "ChunkedLocalAttentionKernel serves ChunkedLocalAttentionSpec, got "
+                f"{type(spec).__name__}"
+            )
+            raise TypeError(msg)
         return position - position % spec.attention_chunk_size

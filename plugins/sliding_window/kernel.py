@@ -21,5 +21,7 @@ class SlidingWindowKernel(TokenRowKernel):
 
     def first_visible(self, spec: KVCacheSpec, position: int) -> int:
         """``max(0, position - sliding_window + 1)``."""
-        assert isinstance(spec, SlidingWindowSpec)
+        if not isinstance(spec, SlidingWindowSpec):
+            msg = f"SlidingWindowKernel serves SlidingWindowSpec, got {type(spec).__name__}"
+            raise TypeError(msg)
         return max(0, position - spec.sliding_window + 1)

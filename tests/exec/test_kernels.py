@@ -22,7 +22,10 @@ from kvcore.reference import CacheLayer, PagedAccessError, StepInput, attend
 from kvcore_plugins.chunked_local import ChunkedLocalAttentionSpec
 from kvcore_plugins.cross_attention import CrossAttentionSpec
 from kvcore_plugins.full_attention import FullAttentionSpec
+from kvcore_plugins.hidden_state import HiddenStateCacheSpec
 from kvcore_plugins.mamba import MambaSpec
+from kvcore_plugins.mla import MLAAttentionSpec
+from kvcore_plugins.sink_full_attention import SinkFullAttentionSpec
 from kvcore_plugins.sliding_window import SlidingWindowSpec
 
 F64 = torch.float64
@@ -143,6 +146,52 @@ def test_attention_kernels_attend_over_what_their_type_sees(spec, allowed):
     t, s = torch.meshgrid(torch.arange(10), torch.arange(10), indexing="ij")
     out = sdpa(q, kv[..., :2], kv[..., 2:], allowed(t, s)[None])
     expected = out.reshape(10, 2) @ params["wo"]
+    assert torch.allclose(got, expected, rtol=0, atol=1e-12)
+
+
+def test_sink_cross_mla_and_hidden_state_kernels_against_matrix_products():
+    registry = kvcore.load_registry()
+    kernels = reference_kernels(registry)
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(7, 8, generator=gen, dtype=F64)
+    t, s = torch.meshgrid(torch.arange(7), torch.arange(7), indexing="ij")
+    causal = (s <= t)[None]
+
+    sink = SinkFullAttentionSpec(
+        block_size=4, num_kv_heads=1, head_size=2, dtype="float64", sink_len=4
+    )
+    params = kernels[SinkFullAttentionSpec].init_params(sink, 8, gen)
+    q = (x @ params["wq"]).reshape(7, 1, 2)
+    kv = torch.cat([params["sink"], (x @ params["wkv"]).reshape(7, 1, 4)])
+    allowed = torch.cat([torch.ones(1, 7, 4, dtype=torch.bool), causal], dim=-1)
+    expected = sdpa(q, kv[..., :2], kv[..., 2:], allowed).reshape(7, 2) @ params["wo"]
+    got = kernels[SinkFullAttentionSpec].dense(sink, params, x, None)
+    assert torch.allclose(got, expected, rtol=0, atol=1e-12)
+
+    cross = CrossAttentionSpec(block_size=4, num_kv_heads=1, head_size=2, dtype="float64")
+    params = kernels[CrossAttentionSpec].init_params(cross, 8, gen)
+    encoder = torch.randn(5, 8, generator=gen, dtype=F64)
+    q = (x @ params["wq"]).reshape(7, 1, 2)
+    kv = (encoder @ params["wkv"]).reshape(5, 1, 4)
+    everything = torch.ones(1, 7, 5, dtype=torch.bool)
+    expected = sdpa(q, kv[..., :2], kv[..., 2:], everything).reshape(7, 2) @ params["wo"]
+    got = kernels[CrossAttentionSpec].dense(cross, params, x, encoder)
+    assert torch.allclose(got, expected, rtol=0, atol=1e-12)
+
+    mla = MLAAttentionSpec(block_size=4, head_size=3, dtype="float64")
+    params = kernels[MLAAttentionSpec].init_params(mla, 8, gen)
+    latents = (x @ params["wkv"]).reshape(7, 1, 3).expand(7, 2, 3)  # two query heads
+    q = (x @ params["wq"]).reshape(7, 2, 3)
+    expected = sdpa(q, latents, latents, causal).reshape(7, 6) @ params["wo"]
+    got = kernels[MLAAttentionSpec].dense(mla, params, x, None)
+    assert torch.allclose(got, expected, rtol=0, atol=1e-12)
+
+    hidden = HiddenStateCacheSpec(block_size=4, num_kv_heads=2, head_size=3, dtype="float64")
+    params = kernels[HiddenStateCacheSpec].init_params(hidden, 8, gen)
+    stored = (x @ params["wh"]).reshape(7, 2, 3)
+    q = (x @ params["wq"]).reshape(7, 2, 3)
+    expected = sdpa(q, stored, stored, causal).reshape(7, 6) @ params["wo"]
+    got = kernels[HiddenStateCacheSpec].dense(hidden, params, x, None)
     assert torch.allclose(got, expected, rtol=0, atol=1e-12)
 
 
