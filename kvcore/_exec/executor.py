@@ -220,9 +220,9 @@ class Executor:
         if not batch:
             return
         started = time.perf_counter()
-        self.num_steps += 1
         model = self.model
         inputs = []
+        encoder_tokens = dict(self._encoder_tokens)
         for entry in batch:
             request = entry.request
             request_id = request.request_id
@@ -237,17 +237,20 @@ class Executor:
                     f"{start}, but {len(tokens)} token ids for them"
                 )
                 raise InvalidRequestError(msg)
-            known = self._encoder_tokens.setdefault(request_id, entry.num_encoder_tokens)
+            known = encoder_tokens.setdefault(request_id, entry.num_encoder_tokens)
             if known != entry.num_encoder_tokens:
                 msg = (
                     f"request {request_id!r} was scheduled with {known} encoder tokens, now "
                     f"{entry.num_encoder_tokens}"
                 )
                 raise InvalidRequestError(msg)
-            self._requests[request_id] = request
             tables = self.manager.get_block_ids(request_id)
             encoder = model.encoder_states(request_id, entry.num_encoder_tokens)
             inputs.append((request_id, start, tokens, tables, encoder))
+        # Every entry is valid: only now does the executor's state change.
+        self.num_steps += 1
+        self._encoder_tokens = encoder_tokens
+        self._requests.update((entry.request.request_id, entry.request) for entry in batch)
         with single_threaded():
             hidden = [model.embed(tokens) for _, _, tokens, _, _ in inputs]
             outputs: list[list[torch.Tensor]] = [[] for _ in inputs]

@@ -93,8 +93,8 @@ def format_execution(report: ExecutionReport) -> str:
         f"  execute      {report.positions_checked:,} positions x {report.layers} layers "
         f"checked ({report.requests:,} requests, {report.steps:,} steps, {report.device}, "
         f"float64): {verdict}",
-        f"               paged steps {report.step_seconds:.2f} s, dense oracle "
-        f"{report.oracle_seconds:.2f} s"
+        f"               paged steps {report.step_seconds:.2f} s (part of the replay time "
+        f"above), dense oracle {report.oracle_seconds:.2f} s"
         + (
             f"; {report.positions_discarded:,} draft positions discarded"
             if report.positions_discarded
