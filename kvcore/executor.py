@@ -19,7 +19,9 @@ cache computes.
   resets, speculative decoding with lookahead slots) that drives a manager
   and an executor together.
 
-Quick start::
+Quick start:
+
+.. code-block:: python
 
     import kvcore
     from kvcore.executor import Executor, ReferenceEngine, synthetic_requests, tiny_model_path

@@ -144,13 +144,14 @@ def kvcore_reference_kernels() -> Mapping[type[KVCacheSpec], ReferenceKernel]:  
     Returns:
         Spec class → kernel instance.
 
-    Example::
+    Example:
+        .. code-block:: python
 
-        @kvcore.hookimpl
-        def kvcore_reference_kernels():
-            from my_plugin.kernel import MyKernel  # imports torch
+            @kvcore.hookimpl
+            def kvcore_reference_kernels():
+                from my_plugin.kernel import MyKernel  # imports torch
 
-            return {MySpec: MyKernel()}
+                return {MySpec: MyKernel()}
 
     Used by every built-in plugin, e.g. ``kvcore_plugins.sliding_window.kernel``.
 

@@ -93,20 +93,3 @@ def test_execute_needs_encoder_inputs_for_cross_attention(tmp_path, capsys):
 def test_tiny_model_names_resolve_to_their_configs(name):
     expected = str(tiny_model_path(name)) if name.startswith("tiny-") else name
     assert resolve_model(name) == expected
-
-
-def test_the_engine_step_page_example_runs():
-    from pathlib import Path
-
-    page = (Path(__file__).parents[2] / "docs" / "explanation" / "engine-step.rst").read_text()
-    section = page.split("Checking an engine against kvcore", 1)[1]
-    lines = []
-    for line in section.split(".. code-block:: python\n", 1)[1].splitlines()[1:]:
-        if line and not line.startswith("    "):
-            break
-        lines.append(line[4:])
-    code = "\n".join(lines)
-    namespace: dict[str, object] = {}
-    exec(compile(code, "engine-step.rst", "exec"), namespace)
-    assert namespace["report"].ok
-    assert namespace["report"].positions_checked > 0
