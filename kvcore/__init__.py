@@ -14,10 +14,11 @@ from kvcore._hashing import HASH_ALGORITHMS, BlockHasher
 from kvcore._kv_cache_manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
 from kvcore._planning.allocate import KVCacheBuffers, allocate_kv_cache
 from kvcore._planning.grouping import get_kv_cache_groups
-from kvcore._planning.layer_config import LayerConfig
+from kvcore._planning.layer_config import LayerConfig, LayerKind, PlanOption
 from kvcore._planning.memory import format_bytes, parse_memory
 from kvcore._planning.model_config import (
     ModelConfig,
+    ModelFields,
     ModelLayer,
     build_layer_specs,
     list_models,
@@ -87,8 +88,11 @@ __all__ = [
     "list_models",
     "load_model_config",
     "ModelConfig",
+    "ModelFields",
     "ModelLayer",
     "LayerConfig",
+    "LayerKind",
+    "PlanOption",
     "build_layer_specs",
     "parse_memory",
     "format_bytes",

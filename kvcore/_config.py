@@ -220,5 +220,8 @@ class KVCacheConfig:
 
 def _spec_dict(spec: KVCacheSpec) -> dict[str, Any]:
     fields = attrs.asdict(spec, recurse=False)
-    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
+    fields = {
+        k: list(v) if isinstance(v, tuple) else _spec_dict(v) if isinstance(v, KVCacheSpec) else v
+        for k, v in fields.items()
+    }
     return {"class": type(spec).__qualname__, "page_size_bytes": spec.page_size_bytes, **fields}

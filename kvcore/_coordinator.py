@@ -22,7 +22,7 @@ from kvcore._registry import Registry
 from kvcore._request import Request
 from kvcore._utils import round_down
 from kvcore.errors import InvalidConfigError
-from kvcore.managers import SingleTypeManager
+from kvcore.managers import HitQuery, SingleTypeManager
 from kvcore.specs import KVCacheSpec
 
 __all__ = [
@@ -81,18 +81,15 @@ class KVCacheCoordinator:
             cls(spec, self.block_pool, kv_cache_group_id=i, enable_caching=enable_caching)
             for i, (cls, spec) in enumerate(zip(manager_classes, specs, strict=True))
         )
-        base_skip = SingleTypeManager.get_num_skipped_tokens
-        # Only managers that drop early tokens need remove_skipped_blocks; for
-        # full attention it is a no-op, so it is not even called.
-        self._windowed = tuple(
-            m for m in self.managers if type(m).get_num_skipped_tokens is not base_skip
-        )
+        # Only managers that declare it drop blocks before a request ends; for
+        # the others remove_skipped_blocks is not even called.
+        self._windowed = tuple(m for m in self.managers if m.frees_skipped_blocks)
         self._cacheable = tuple(m for m in self.managers if m.is_prefix_cacheable(m.spec))
         self._has_encoder_groups = any(m.allocates_for_encoder for m in self.managers)
 
     @property
     def has_windowed_groups(self) -> bool:
-        """Whether some group frees blocks before the request ends (a windowed type)."""
+        """Whether some group frees blocks before the request ends (``frees_skipped_blocks``)."""
         return bool(self._windowed)
 
     def get_num_blocks_to_allocate(
@@ -157,7 +154,7 @@ class KVCacheCoordinator:
             manager.free(request_id)
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
-        """Free blocks that fell out of the attention window, in every windowed group."""
+        """Free the blocks no longer read, in every group whose type frees skipped blocks."""
         for manager in self._windowed:
             manager.remove_skipped_blocks(request_id, total_computed_tokens)
 
@@ -235,13 +232,15 @@ class UnitaryCoordinator(KVCacheCoordinator):
     ) -> tuple[Hits, int]:
         """The group's own longest hit."""
         hits = self._manager.find_longest_cache_hit(
-            block_hashes,
-            max_cache_hit_length,
-            self._group_ids,
-            self.block_pool,
-            self._spec,
-            self.use_eagle,
-            self._block_size,
+            HitQuery(
+                block_hashes,
+                max_cache_hit_length,
+                self._group_ids,
+                self.block_pool,
+                self._spec,
+                self.use_eagle,
+                self._block_size,
+            )
         )
         return hits, len(hits[0]) * self._block_size
 
@@ -333,13 +332,15 @@ class HybridCoordinator(KVCacheCoordinator):
                     # last matched block the hit lands back on the candidate.
                     limit = min(candidate + group.block_size, max_hashed_tokens)
                 hits = group.manager_cls.find_longest_cache_hit(
-                    hashes_at_block_size(block_hashes, hash_size, group.block_size),
-                    limit,
-                    group.group_ids,
-                    pool,
-                    group.spec,
-                    drop_eagle,
-                    alignment,
+                    HitQuery(
+                        hashes_at_block_size(block_hashes, hash_size, group.block_size),
+                        limit,
+                        group.group_ids,
+                        pool,
+                        group.spec,
+                        drop_eagle,
+                        alignment,
+                    )
                 )
                 length = len(hits[0]) * group.block_size
                 if length < candidate:

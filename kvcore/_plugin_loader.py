@@ -3,6 +3,9 @@
 Nothing happens at import time and there is no global plugin manager: every
 call of :func:`load_registry` builds its own pluggy ``PluginManager`` from an
 explicit selection, so two engines in one process can use different plugins.
+That plugin manager is the only one: every hook is collected through it once
+(:mod:`kvcore._hook_collection` lists them) and what the hooks returned is
+stored on the registry.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import difflib
 import importlib.metadata
 import os
+import types
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -17,7 +21,9 @@ import attrs
 import pluggy
 
 from kvcore import hookspecs
-from kvcore._registry import PluginInfo, Registry
+from kvcore._hook_collection import COLLECTED_HOOKS
+from kvcore._plugin_calls import ENV_DISABLE_PLUGINS, call_plugin, how_to_disable
+from kvcore._registry import HookCall, PluginInfo, Registry
 from kvcore.errors import (
     HookImplementationError,
     InvalidConfigError,
@@ -38,8 +44,6 @@ __all__ = [
 ENTRY_POINT_GROUP: Final = hookspecs.PROJECT_NAME
 #: Comma-separated plugin names to load (all others are left out).
 ENV_PLUGINS: Final = "KVCORE_PLUGINS"
-#: Comma-separated plugin names never to load.
-ENV_DISABLE_PLUGINS: Final = "KVCORE_DISABLE_PLUGINS"
 
 
 def _names(value: Iterable[str] | None) -> frozenset[str] | None:
@@ -85,13 +89,13 @@ class _Candidate:
     version: str | None
     load: Any  # () -> plugin object
 
-    def info(self, layer_types: tuple[Any, ...] = ()) -> PluginInfo:
+    def info(self, contributions: Mapping[str, tuple[Any, ...]] | None = None) -> PluginInfo:
         return PluginInfo(
             name=self.name,
             module=self.module,
             distribution=self.distribution,
             version=self.version,
-            layer_types=layer_types,
+            contributions=contributions or {},
         )
 
 
@@ -125,6 +129,12 @@ def _candidates(extra_plugins: Mapping[str, object] | None) -> dict[str, _Candid
             )
             raise PluginConflictError(msg)
         found[entry_point.name] = candidate
+    if extra_plugins is not None and not isinstance(extra_plugins, Mapping):
+        msg = (
+            "plugins= takes a mapping of plugin names to plugin objects, e.g. "
+            f"plugins={{'my_type': my_module}}, got {extra_plugins!r}"
+        )
+        raise InvalidConfigError(msg)
     for name, plugin in (extra_plugins or {}).items():
         if name in found:
             msg = (
@@ -168,25 +178,95 @@ def _load_plugin(candidate: _Candidate) -> object:
         msg = (
             f"kvcore plugin {candidate.name!r} ({candidate.module}, {source}) failed to "
             f"import: {type(exc).__name__}: {exc}. Fix or uninstall it, or leave it out "
-            f"with disable=[{candidate.name!r}] or "
-            f"{ENV_DISABLE_PLUGINS}={candidate.name}"
+            f"with {how_to_disable(candidate.name)}"
         )
         raise PluginLoadError(msg) from exc
 
 
-def _check_hook_names(pm: pluggy.PluginManager) -> None:
-    known = sorted(name for name in dir(hookspecs) if name.startswith("kvcore_"))
+class _HashablePlugin(types.SimpleNamespace):
+    """A copy of an unhashable plugin object (a ``SimpleNamespace``): pluggy hashes plugins."""
+
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
+
+
+def _registrable(plugin: object) -> object:
+    try:
+        hash(plugin)
+    except TypeError:
+        return _HashablePlugin(**{k: getattr(plugin, k) for k in dir(plugin) if k[:2] != "__"})
+    return plugin
+
+
+def _known_hooks() -> list[str]:
+    return sorted(name for name in dir(hookspecs) if name.startswith("kvcore_"))
+
+
+def _check_hooks(pm: pluggy.PluginManager, candidates: Mapping[str, _Candidate]) -> None:
+    """Refuse misspelt hooks, hook functions without ``@hookimpl`` and plugins with no hook."""
+    known = _known_hooks()
     for plugin_name, plugin in pm.list_name_plugin():
+        module = candidates[plugin_name].module
+        implemented = set()
         for caller in pm.get_hookcallers(plugin) or []:
-            if caller.has_spec():
-                continue
-            close = difflib.get_close_matches(caller.name, known, n=1)
-            hint = f" Did you mean {close[0]}?" if close else ""
+            if not caller.has_spec():
+                close = difflib.get_close_matches(caller.name, known, n=1)
+                hint = f" Did you mean {close[0]}?" if close else ""
+                msg = (
+                    f"plugin {plugin_name!r} implements {caller.name}, which is not a kvcore "
+                    f"hook.{hint} Known hooks: {', '.join(known)}"
+                )
+                raise HookImplementationError(msg)
+            implemented.add(caller.name)
+        for name in known:
+            if name not in implemented and callable(getattr(plugin, name, None)):
+                msg = (
+                    f"plugin {plugin_name!r} ({module}) defines {name} without "
+                    "@kvcore.hookimpl, so kvcore would never call it; decorate it"
+                )
+                raise HookImplementationError(msg)
+        if not implemented:
             msg = (
-                f"plugin {plugin_name!r} implements {caller.name}, which is not a kvcore "
-                f"hook.{hint} Known hooks: {', '.join(known)}"
+                f"plugin {plugin_name!r} ({module}) implements no kvcore hook; mark its hook "
+                f"functions with @kvcore.hookimpl (known hooks: {', '.join(known)})"
             )
             raise HookImplementationError(msg)
+
+
+def _collect(pm: pluggy.PluginManager, name: str) -> dict[str, tuple[Any, ...]]:
+    """Call every hook of plugin ``name`` that is called at load; keep the others."""
+    contributions: dict[str, tuple[Any, ...]] = {}
+    for collected in COLLECTED_HOOKS:
+        impls = [
+            impl
+            for impl in getattr(pm.hook, collected.hook).get_hookimpls()
+            if impl.plugin_name == name
+        ]
+        records: list[Any] = []
+        for impl in impls:
+            if collected.call_at_load:
+                result = call_plugin(name, f"its {collected.hook} hook", impl.function)
+                records.extend(collected.records(name, result))
+            else:
+                records.append(impl.function)
+        if records:
+            contributions[collected.hook] = tuple(records)
+    return contributions
+
+
+def _hook_calls(pm: pluggy.PluginManager) -> dict[str, tuple[HookCall, ...]]:
+    """Implementations of the hooks called later, in pluggy's call order."""
+    calls: dict[str, tuple[HookCall, ...]] = {}
+    for collected in COLLECTED_HOOKS:
+        if collected.call_at_load:
+            continue
+        impls = getattr(pm.hook, collected.hook).get_hookimpls()
+        # pluggy calls the last of get_hookimpls() first (tryfirst at the end).
+        calls[collected.hook] = tuple(
+            HookCall(impl.plugin_name, impl.function, tuple(impl.argnames))
+            for impl in reversed(impls)
+        )
+    return calls
 
 
 def load_registry(
@@ -209,12 +289,22 @@ def load_registry(
             ``@hookimpl`` functions), by name, loaded as if installed.
         environ: The environment to read (default ``os.environ``).
 
+    Every hook of every selected plugin is called here, once; a registry
+    never calls a hook afterwards (hooks that take arguments, such as
+    :func:`~kvcore.hookspecs.kvcore_model_layers`, are kept and called when a
+    model is planned).
+
     Raises:
         PluginNotFoundError: a name in ``only``/``disable`` is not installed.
         PluginLoadError: a selected plugin failed to import.
-        PluginConflictError: two plugins share a name or claim one spec class.
-        HookImplementationError: a plugin implements an unknown hook or
-            returns something that is not a ``LayerType``.
+        PluginConflictError: two plugins share a name or claim one spec class,
+            layer kind or kind.
+        HookImplementationError: a plugin implements an unknown hook, defines
+            a hook function without ``@hookimpl``, implements no hook, raises
+            in a hook, returns nothing usable, or registers classes that break
+            the plugin contract; the message names the plugin and the piece.
+        UnknownSpecError: a selected plugin needs a spec class no selected
+            plugin serves (:attr:`~kvcore.specs.KVCacheSpec.promoted_to`).
         InvalidConfigError: a name is both in ``only`` and ``disable``.
     """
     if only is None and disable is None:
@@ -246,7 +336,7 @@ def load_selection(
         if name in selection.disable or (selection.only is not None and name not in selection.only):
             unselected.append(candidate.info())
             continue
-        plugin = _load_plugin(candidate)
+        plugin = _registrable(_load_plugin(candidate))
         try:
             pm.register(plugin, name=name)
         except pluggy.PluginValidationError as exc:
@@ -259,22 +349,7 @@ def load_selection(
             )
             raise PluginConflictError(msg) from exc
         selected.append(candidate)
-    _check_hook_names(pm)
+    _check_hooks(pm, candidates)
     pm.check_pending()
-
-    infos = []
-    for candidate in selected:
-        plugin = pm.get_plugin(candidate.name)
-        others = [p for p in pm.get_plugins() if p is not plugin]
-        call = pm.subset_hook_caller("kvcore_layer_types", remove_plugins=others)
-        layer_types: list[Any] = []
-        for batch in call():
-            if not isinstance(batch, list | tuple):
-                msg = (
-                    f"plugin {candidate.name!r}: kvcore_layer_types must return a list of "
-                    f"kvcore.LayerType, got {batch!r}"
-                )
-                raise HookImplementationError(msg)
-            layer_types.extend(batch)
-        infos.append(candidate.info(tuple(layer_types)))
-    return Registry(tuple(infos), tuple(unselected))
+    infos = tuple(candidate.info(_collect(pm, candidate.name)) for candidate in selected)
+    return Registry(infos, tuple(unselected), _hook_calls(pm))

@@ -1,22 +1,35 @@
-"""The registry: spec type → manager class, resolved once from the loaded plugins."""
+"""The registry: everything the selected plugins provide, collected once and checked.
+
+Built by :func:`kvcore.load_registry`: every hook of every selected plugin is
+called once (or, for a hook taking arguments, its implementations are kept),
+the records are checked against the plugin contract, and double claims are
+refused. Nothing here runs on the allocation path: the engine resolves spec
+type → manager class once, when a KV cache manager is made.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import difflib
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Generic
 
 import attrs
 
-from kvcore.errors import HookImplementationError, PluginConflictError, UnknownSpecError
+from kvcore._contract import check_manager_class, check_spec_class, qualname
+from kvcore._hook_collection import COLLECTED_HOOKS, collected_hook
+from kvcore._planning.layer_config import LayerKind, PlanOption
+from kvcore._plugin_calls import call_plugin, how_to_disable
+from kvcore.errors import (
+    HookImplementationError,
+    InvalidConfigError,
+    PluginConflictError,
+    UnknownSpecError,
+)
 from kvcore.managers import SingleTypeManager, SpecT
 from kvcore.specs import KVCacheSpec
 
-__all__ = ["LayerType", "PluginInfo", "Registry"]
-
-
-def _qualname(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+__all__ = ["Claim", "HookCall", "LayerType", "PluginInfo", "Registry", "registry_from_layer_types"]
 
 
 @attrs.frozen
@@ -35,9 +48,13 @@ class LayerType(Generic[SpecT]):
     manager: type[SingleTypeManager[SpecT]]
 
 
+def _read_only_records(value: Mapping[str, tuple[Any, ...]]) -> Mapping[str, tuple[Any, ...]]:
+    return MappingProxyType(dict(value))
+
+
 @attrs.frozen(kw_only=True)
 class PluginInfo:
-    """One plugin: where it comes from and what it provides.
+    """One plugin: where it comes from and what its hooks returned.
 
     Attributes:
         name: The plugin name (its entry-point name), used by ``only=`` and
@@ -46,14 +63,37 @@ class PluginInfo:
         distribution: The installed distribution that declares it, or
             ``None`` for a plugin object passed in directly.
         version: The distribution's version, or ``None``.
-        layer_types: The attention types it provides (empty if not loaded).
+        contributions: Hook name → the records the plugin's implementations
+            returned (empty for a plugin that was not loaded). For a hook that
+            takes arguments, the records are the implementations.
     """
 
     name: str
     module: str
     distribution: str | None = None
     version: str | None = None
-    layer_types: tuple[LayerType[Any], ...] = ()
+    contributions: Mapping[str, tuple[Any, ...]] = attrs.field(
+        factory=dict, converter=_read_only_records
+    )
+
+    @property
+    def layer_types(self) -> tuple[LayerType[Any], ...]:
+        """The attention types it provides (``kvcore_layer_types``)."""
+        return self.contributions.get("kvcore_layer_types", ())
+
+    @property
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        """The layer kinds it builds specs for (``kvcore_layer_kinds``)."""
+        return self.contributions.get("kvcore_layer_kinds", ())
+
+    @property
+    def plan_options(self) -> tuple[PlanOption, ...]:
+        """The plan options its layer-kind builders read (``kvcore_plan_options``)."""
+        return self.contributions.get("kvcore_plan_options", ())
+
+    def implements(self, hook: str) -> bool:
+        """Whether the plugin implements ``hook``."""
+        return bool(self.contributions.get(hook))
 
     def provides_module(self, module: str) -> bool:
         """Whether ``module`` lives inside this plugin's package."""
@@ -62,43 +102,174 @@ class PluginInfo:
 
 
 @attrs.frozen
+class Claim:
+    """One record a plugin claimed under a key (see :meth:`Registry.claims`).
+
+    Attributes:
+        record: What the plugin's hook returned for the key.
+        plugin: The plugin.
+    """
+
+    record: Any
+    plugin: PluginInfo
+
+
+@attrs.frozen
+class HookCall:
+    """One implementation of a hook that takes arguments, kept to be called later.
+
+    Attributes:
+        plugin: The plugin's name.
+        function: The implementation.
+        argnames: The arguments it takes (pluggy lets it take fewer than the
+            hook offers).
+    """
+
+    plugin: str
+    function: Callable[..., Any]
+    argnames: tuple[str, ...] = ()
+
+
+def _index(plugins: tuple[PluginInfo, ...]) -> dict[str, dict[Hashable, Claim]]:
+    """Hook name → key → claim, refusing two plugins claiming one key."""
+    index: dict[str, dict[Hashable, Claim]] = {}
+    for collected in COLLECTED_HOOKS:
+        keys_of = collected.keys
+        if keys_of is None:
+            continue
+        claims: dict[Hashable, Claim] = {}
+        for plugin in plugins:
+            for record in plugin.contributions.get(collected.hook, ()):
+                for key in keys_of(record):
+                    previous = claims.get(key)
+                    if previous is not None:
+                        label = collected.describe_key(key)
+                        if previous.plugin.name == plugin.name:
+                            msg = (
+                                f"plugin {plugin.name!r} claims {collected.what} {label} twice "
+                                f"in its {collected.hook} hook; claim it once"
+                            )
+                            raise HookImplementationError(msg)
+                        msg = (
+                            f"{collected.what} {label} is claimed by plugin "
+                            f"{previous.plugin.name!r} and by plugin {plugin.name!r} (both "
+                            f"through {collected.hook}); disable one of the two plugins "
+                            f"({how_to_disable(plugin.name)})"
+                        )
+                        raise PluginConflictError(msg)
+                    claims[key] = Claim(record, plugin)
+        index[collected.hook] = claims
+    return index
+
+
+@attrs.frozen
 class Registry:
-    """An immutable map from spec class to manager class, with provenance.
+    """What the selected plugins provide, with provenance; immutable.
 
     Build it with :func:`kvcore.load_registry`. The engine resolves every
     group's manager class through :meth:`manager_class` once, when the KV cache
     manager is created; nothing here runs on the allocation path.
 
+    Building it checks the plugin contract: every spec and manager class is
+    checked (:func:`kvcore.testing.check_plugin` documents the rules), two
+    plugins may not claim one spec class, layer kind or kind name, and a spec
+    promoted to another type's spec class needs the plugin serving it.
+
     Attributes:
         plugins: The loaded plugins, by name.
         unselected: Installed plugins that the selection left out (not
             imported); used to say which plugin to enable for an unknown spec.
+        hook_calls: For hooks that take arguments, their implementations in
+            call order (``tryfirst`` first, ``trylast`` last).
+
+    Raises:
+        HookImplementationError: a class breaks the plugin contract.
+        PluginConflictError: two plugins claim the same thing.
+        UnknownSpecError: a spec is promoted to a spec class no selected
+            plugin serves.
     """
 
     plugins: tuple[PluginInfo, ...]
     unselected: tuple[PluginInfo, ...] = ()
+    hook_calls: Mapping[str, tuple[HookCall, ...]] = attrs.field(
+        factory=dict, converter=_read_only_records
+    )
+    _claims: Mapping[str, Mapping[Hashable, Claim]] = attrs.field(init=False, repr=False)
     _by_spec: Mapping[type[KVCacheSpec], tuple[LayerType[Any], PluginInfo]] = attrs.field(
-        init=False
+        init=False, repr=False
     )
 
     def __attrs_post_init__(self) -> None:
+        index = _index(self.plugins)
         by_spec: dict[type[KVCacheSpec], tuple[LayerType[Any], PluginInfo]] = {}
-        for plugin in self.plugins:
-            for layer_type in plugin.layer_types:
-                _check_layer_type(layer_type, plugin)
-                previous = by_spec.get(layer_type.spec)
-                if previous is not None:
-                    other_type, other = previous
-                    msg = (
-                        f"{_qualname(layer_type.spec)} is claimed by plugin {other.name!r} "
-                        f"(manager {_qualname(other_type.manager)}) and by plugin "
-                        f"{plugin.name!r} (manager {_qualname(layer_type.manager)}); "
-                        "disable one of the two plugins (disable=[...] or "
-                        "KVCORE_DISABLE_PLUGINS)"
-                    )
-                    raise PluginConflictError(msg)
-                by_spec[layer_type.spec] = (layer_type, plugin)
+        kinds: dict[str, tuple[type[KVCacheSpec], PluginInfo]] = {}
+        for claim in index.get("kvcore_layer_types", {}).values():
+            layer_type, plugin = claim.record, claim.plugin
+            _check_layer_type(layer_type, plugin)
+            kind = layer_type.spec.kind
+            if kind in kinds:
+                other, owner = kinds[kind]
+                msg = (
+                    f"kind {kind!r} is used by {qualname(other)} (plugin {owner.name!r}) and by "
+                    f"{qualname(layer_type.spec)} (plugin {plugin.name!r}); give each spec "
+                    "class its own kind"
+                )
+                raise PluginConflictError(msg)
+            kinds[kind] = (layer_type.spec, plugin)
+            by_spec[layer_type.spec] = (layer_type, plugin)
         object.__setattr__(self, "_by_spec", MappingProxyType(by_spec))
+        object.__setattr__(
+            self, "_claims", MappingProxyType({k: MappingProxyType(v) for k, v in index.items()})
+        )
+        for layer_type, plugin in by_spec.values():
+            promoted_to = layer_type.spec.promoted_to
+            if promoted_to is not None and promoted_to not in by_spec:
+                msg = (
+                    f"plugin {plugin.name!r} needs the plugin serving {qualname(promoted_to)}: "
+                    f"{layer_type.spec.__name__}.promoted_to names it (its layers are allocated "
+                    f"as {promoted_to.__name__} when planning keeps every token). "
+                    f"{self._unknown_spec_message(promoted_to)}. Or leave {plugin.name!r} out "
+                    f"too ({how_to_disable(plugin.name)})"
+                )
+                raise UnknownSpecError(msg)
+
+    # -- generic access -------------------------------------------------------------
+
+    def records(self, hook: str) -> tuple[Any, ...]:
+        """Every record of ``hook``, over all plugins, in plugin order."""
+        return tuple(r for plugin in self.plugins for r in plugin.contributions.get(hook, ()))
+
+    def claims(self, hook: str) -> Mapping[Hashable, Claim]:
+        """Key → claim for a hook whose records claim keys (spec classes, kind names, ...).
+
+        Raises:
+            KeyError: ``hook`` is not a collected hook with keys.
+        """
+        return self._claims[hook]
+
+    def first_result(self, hook: str, **kwargs: Any) -> tuple[str, Any] | None:
+        """Call ``hook``'s implementations in order; the first result not ``None`` wins.
+
+        Every implementation is called through a wrapper: whatever it raises
+        comes out as :class:`~kvcore.errors.HookImplementationError` naming
+        the plugin and the hook (kvcore errors, such as a config field
+        missing, pass through unchanged).
+
+        Returns:
+            The plugin's name and its result, or ``None`` if every
+            implementation returned ``None``.
+        """
+        collected_hook(hook)  # a KeyError for a hook that is not collected
+        for call in self.hook_calls.get(hook, ()):
+            arguments = {name: kwargs[name] for name in call.argnames}
+            result = call_plugin(
+                call.plugin, f"its {hook} hook", call.function, arguments, pass_kvcore_errors=True
+            )
+            if result is not None:
+                return call.plugin, result
+        return None
+
+    # -- attention types ---------------------------------------------------------------
 
     @property
     def layer_types(self) -> tuple[LayerType[Any], ...]:
@@ -135,7 +306,7 @@ class Registry:
 
     def _unknown_spec_message(self, spec_type: type) -> str:
         loaded = ", ".join(sorted(t.__name__ for t in self._by_spec)) or "none"
-        head = f"no selected kvcore plugin serves {_qualname(spec_type)}"
+        head = f"no selected kvcore plugin serves {qualname(spec_type)}"
         owners = [p for p in self.unselected if p.provides_module(spec_type.__module__)]
         if owners:
             name = owners[0].name
@@ -149,6 +320,89 @@ class Registry:
             f"{head}: no installed plugin declares it. Install the plugin that "
             "provides it, or register its LayerType from a kvcore_layer_types hook. "
             f"Loaded layer types: {loaded}"
+        )
+
+    # -- planning -----------------------------------------------------------------------
+
+    @property
+    def layer_kinds(self) -> Mapping[str, Claim]:
+        """Layer kind name → claim (a :class:`~kvcore.LayerKind` and its plugin).
+
+        Only the kinds' own names; aliases resolve through :meth:`layer_kind`.
+        """
+        return MappingProxyType(
+            {
+                name: claim
+                for name, claim in self.claims("kvcore_layer_kinds").items()
+                if claim.record.name == name
+            }
+        )
+
+    def layer_kind(self, name: str) -> Claim | None:
+        """The layer kind named ``name`` (or an alias of it) and its plugin, or ``None``."""
+        return self.claims("kvcore_layer_kinds").get(name)
+
+    @property
+    def plan_options(self) -> Mapping[str, Claim]:
+        """``"<plugin>.<option>"`` → claim (a :class:`~kvcore.PlanOption` and its plugin)."""
+        return MappingProxyType(
+            {
+                f"{plugin.name}.{option.name}": Claim(option, plugin)
+                for plugin in self.plugins
+                for option in plugin.plan_options
+            }
+        )
+
+    def plan_option_values(self, options: Mapping[str, str] | None) -> dict[str, dict[str, str]]:
+        """Every selected plugin's option values: ``options`` over the defaults.
+
+        Args:
+            options: ``"<plugin>.<option>"`` → value, as given by the user.
+
+        Returns:
+            Plugin name → option name → value, for every plugin declaring options.
+
+        Raises:
+            InvalidConfigError: an option no selected plugin declares (with the
+                closest known name), or a value outside its choices.
+        """
+        declared = self.plan_options
+        values = {
+            plugin.name: {option.name: option.default for option in plugin.plan_options}
+            for plugin in self.plugins
+            if plugin.plan_options
+        }
+        for key, value in (options or {}).items():
+            claim = declared.get(key)
+            if claim is None:
+                raise InvalidConfigError(self._unknown_option_message(key, declared))
+            option: PlanOption = claim.record
+            if not isinstance(value, str) or (
+                option.choices is not None and value not in option.choices
+            ):
+                allowed = (
+                    "a string"
+                    if option.choices is None
+                    else "one of " + ", ".join(map(repr, option.choices))
+                )
+                msg = f"plan option {key!r} must be {allowed}, got {value!r}"
+                raise InvalidConfigError(msg)
+            values[claim.plugin.name][option.name] = value
+        return values
+
+    def _unknown_option_message(self, key: str, declared: Mapping[str, Claim]) -> str:
+        plugin = key.partition(".")[0]
+        if any(p.name == plugin for p in self.unselected):
+            return (
+                f"plan option {key!r} belongs to plugin {plugin!r}, which is installed but "
+                "not selected; select it or drop the option"
+            )
+        close = difflib.get_close_matches(key, list(declared), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        known = ", ".join(sorted(declared)) or "none"
+        return (
+            f"unknown plan option {key!r}: options are named '<plugin>.<option>' and no "
+            f"selected plugin declares this one.{hint} Declared options: {known}"
         )
 
 
@@ -172,6 +426,8 @@ def _check_layer_type(layer_type: object, plugin: PluginInfo) -> None:
             f"subclass of kvcore.managers.SingleTypeManager, got {manager!r}"
         )
         raise HookImplementationError(msg)
+    check_spec_class(plugin.name, spec)
+    check_manager_class(plugin.name, manager)
 
 
 def registry_from_layer_types(
@@ -180,6 +436,12 @@ def registry_from_layer_types(
     """Build a registry from layer types directly, without loading any plugin.
 
     For tests and for engines that assemble their layer types themselves.
+    The layer types are checked as a plugin's would be.
     """
-    info = PluginInfo(name=name, module=name, layer_types=tuple(layer_types))
+    records = tuple(layer_types)
+    for record in records:
+        if not isinstance(record, LayerType):
+            msg = f"registry_from_layer_types takes kvcore.LayerType records, got {record!r}"
+            raise HookImplementationError(msg)
+    info = PluginInfo(name=name, module=name, contributions={"kvcore_layer_types": records})
     return Registry((info,))

@@ -2,18 +2,31 @@
 
 A plugin is a module (or any object) registered under the ``kvcore``
 entry-point group whose functions are marked with :data:`hookimpl`. Hooks are
-named ``kvcore_*``, take keyword arguments only, and run while a registry is
-built (:func:`kvcore.load_registry`), never on the allocation path.
+named ``kvcore_*`` and take keyword arguments only. A registry
+(:func:`kvcore.load_registry`) calls every hook of every selected plugin
+**once**, when it is built, and keeps what they returned; hooks never run on
+the allocation path. A hook that takes arguments
+(:func:`kvcore_model_layers`) is kept and called when a model is planned.
+
+Whatever a hook (or a function it returned) raises comes out as a
+:class:`~kvcore.errors.HookImplementationError` naming the plugin, the hook
+and how to leave the plugin out. A hook that returns ``None`` (a missing
+``return``) or nothing usable is an error too, as is a hook function without
+``@hookimpl`` or a plugin implementing no hook at all.
+
+Adding a hook to kvcore takes a function here and one entry in
+``kvcore._hook_collection.COLLECTED_HOOKS`` (its docstring shows how).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import pluggy
 
-from kvcore._planning.layer_config import LayerConfig
+from kvcore._planning.layer_config import LayerBuilder, LayerKind, PlanOption
+from kvcore._planning.model_config import ModelFields, ModelLayer
 from kvcore._registry import LayerType
 from kvcore.specs import KVCacheSpec
 
@@ -26,6 +39,8 @@ __all__ = [
     "hookspec",
     "kvcore_layer_kinds",
     "kvcore_layer_types",
+    "kvcore_model_layers",
+    "kvcore_plan_options",
     "kvcore_reference_kernels",
 ]
 
@@ -49,15 +64,23 @@ def kvcore_layer_types() -> Sequence[LayerType[Any]]:  # type: ignore[empty-body
     The registry looks spec classes up exactly, so a spec subclass needs its
     own :class:`~kvcore.LayerType`.
 
+    Every spec and manager class returned is checked against the plugin
+    contract when the registry is built (a ``kind`` of its own, the page
+    described by ``page_parts``, a ``find_longest_cache_hit(cls, query)``
+    classmethod, ``frees_skipped_blocks`` declared when blocks are freed
+    early, ...): a class breaking it raises
+    :class:`~kvcore.errors.HookImplementationError` naming the class and the
+    missing piece. :func:`kvcore.testing.check_plugin` checks the behaviour.
+
     Returns:
-        One :class:`~kvcore.LayerType` per spec class the plugin serves.
+        One :class:`~kvcore.LayerType` per spec class the plugin serves (at
+        least one).
 
-    Example:
-        .. code-block:: python
+    Example::
 
-            @kvcore.hookimpl
-            def kvcore_layer_types():
-                return [kvcore.LayerType(MySpec, MyManager)]
+        @kvcore.hookimpl
+        def kvcore_layer_types():
+            return [kvcore.LayerType(MySpec, MyManager)]
 
     Used by every built-in plugin, e.g. ``kvcore_plugins.full_attention``.
 
@@ -66,56 +89,123 @@ def kvcore_layer_types() -> Sequence[LayerType[Any]]:  # type: ignore[empty-body
 
 
 @hookspec
-def kvcore_layer_kinds() -> Mapping[str, Callable[[LayerConfig], KVCacheSpec]]:  # type: ignore[empty-body]
-    """Return the model-config layer kinds this plugin builds specs for.
+def kvcore_layer_kinds() -> Sequence[LayerKind] | Mapping[str, LayerBuilder]:  # type: ignore[empty-body]
+    """Return the layer kinds this plugin builds specs for, from a model's ``config.json``.
 
-    Planning a model from a Hugging Face style ``config.json``
-    (:func:`kvcore.plan`, :func:`kvcore.build_layer_specs`) gives every layer
-    that holds a cache a *kind*: the entry of the config's ``layer_types``
-    (``"full_attention"``, ``"sliding_attention"``, ``"linear_attention"``,
-    ...) or, for configs without one, a kind derived from the config
-    (``"chunked_attention"``, ``"mamba"``, ``"mla_attention"``,
-    ``"cross_attention"``). For each layer kvcore calls the builder registered
-    for its kind with a :class:`~kvcore.LayerConfig` and uses the spec it
-    returns. A third-party attention type makes its layers plannable by
-    returning a builder for its own kind name.
+    Planning a model (:func:`kvcore.plan`, :func:`kvcore.build_layer_specs`)
+    gives every layer that holds a cache a *layer kind*: the entry of the
+    config's ``layer_types`` list, or the kind a plugin derived from the
+    config (:func:`kvcore_model_layers`). For each layer kvcore calls the
+    builder of its kind with a :class:`~kvcore.LayerConfig` and uses the spec
+    it returns. A type with one kind names it after the type (its spec's
+    ``kind``); :attr:`~kvcore.LayerKind.aliases` lists the names model
+    configs use for it (Hugging Face's ``"sliding_attention"``).
 
-    Called once per plugin when a model is planned, never on the allocation
-    path. Each kind may be claimed by one plugin only: a second claim raises
+    Called once per plugin when a registry is built. Each kind name (and
+    alias) may be claimed by one plugin only: a second claim raises
     :class:`~kvcore.errors.PluginConflictError` naming both plugins. A layer
     whose kind no selected plugin claims raises
-    :class:`~kvcore.errors.UnknownSpecError` listing the kinds that are
-    claimed. Planning finds a plugin's implementation through its entry point
-    (or, for ``load_registry(plugins=...)``, through the object's importable
-    module name), so a plugin object that is not an importable module claims
-    no kinds.
+    :class:`~kvcore.errors.UnknownSpecError` listing the kinds claimed.
 
     Returns:
-        Kind name → builder. A builder takes the layer's
-        :class:`~kvcore.LayerConfig` and returns its spec; it raises
-        :class:`~kvcore.errors.InvalidConfigError` (e.g. through
-        :meth:`kvcore.LayerConfig.require`) when the config lacks a field it
-        needs.
+        :class:`~kvcore.LayerKind` records (at least one), or a mapping of
+        kind names to builders (kinds without aliases). A builder takes the
+        layer's :class:`~kvcore.LayerConfig` and returns its spec; it reads
+        the config through ``LayerConfig.require_int`` and friends, whose
+        errors name the model, the file and the field.
 
-    Example:
-        .. code-block:: python
+    Example::
 
-            from kvcore_plugins.sliding_window import SlidingWindowSpec
+        def build(layer: kvcore.LayerConfig) -> SlidingWindowSpec:
+            return SlidingWindowSpec(
+                block_size=layer.block_size,
+                num_kv_heads=layer.num_kv_heads,
+                head_size=layer.head_size,
+                dtype=layer.dtype,
+                sliding_window=layer.require_int("sliding_window"),
+            )
 
-            def _build(layer: kvcore.LayerConfig) -> SlidingWindowSpec:
-                return SlidingWindowSpec(
-                    block_size=layer.block_size,
-                    num_kv_heads=layer.num_kv_heads,
-                    head_size=layer.head_size,
-                    dtype=layer.dtype,
-                    sliding_window=layer.require("sliding_window"),
-                )
-
-            @kvcore.hookimpl
-            def kvcore_layer_kinds():
-                return {"sliding_attention": _build}
+        @kvcore.hookimpl
+        def kvcore_layer_kinds():
+            return [kvcore.LayerKind("sliding_window", build, aliases=("sliding_attention",))]
 
     Used by the built-in plugins, e.g. ``kvcore_plugins.sliding_window.model_config``.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def kvcore_model_layers(model: ModelFields) -> Sequence[ModelLayer] | None:
+    """Derive the cache-holding layers of a model from its config, if this plugin knows how.
+
+    Called when a model config is loaded (:func:`kvcore.load_model_config`,
+    :func:`kvcore.plan`), in pluggy's order (``tryfirst`` implementations
+    first, ``trylast`` ones last); the **first** result other than ``None``
+    wins. When every implementation returns ``None``, the config's own
+    ``layer_types`` list gives one layer per entry.
+
+    Recognise only your own fields (a window pattern, an attention period,
+    an encoder-decoder layout) and return ``None`` for any other config, and
+    for a config that lists ``layer_types`` unless your fields change what
+    its kinds mean. Implementations are kept when the registry is built;
+    whatever one raises comes out naming the plugin (kvcore's own errors,
+    raised by :class:`~kvcore.ModelFields`' readers, pass through).
+
+    Args:
+        model: The config's fields, with readers whose errors name the file
+            and the field, and :meth:`~kvcore.ModelFields.decoder_layers` to
+            name one layer per decoder layer.
+
+    Returns:
+        Every cache-holding layer in order, or ``None``.
+
+    Example::
+
+        @kvcore.hookimpl
+        def kvcore_model_layers(model):
+            if model.layer_types is not None or model.get("sink_tokens") is None:
+                return None
+            count = model.num_hidden_layers
+            return model.decoder_layers(["streaming"] * count)
+
+    Used by ``kvcore_plugins.sliding_window`` (Gemma patterns, a model-wide
+    window), ``kvcore_plugins.mamba`` (Jamba, Qwen3-Next),
+    ``kvcore_plugins.chunked_local`` (Llama-4), ``kvcore_plugins.mla``
+    (``kv_lora_rank``), ``kvcore_plugins.cross_attention`` (encoder-decoder
+    models) and ``kvcore_plugins.full_attention`` (``trylast``: every layer
+    of a plain decoder).
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def kvcore_plan_options() -> Sequence[PlanOption]:  # type: ignore[empty-body]
+    """Return the options this plugin's layer-kind builders read.
+
+    A user sets an option as ``"<plugin>.<name>"``:
+    ``kvcore.plan(model, options={"mamba.cache_mode": "none"})`` or
+    ``kvcore plan MODEL --option mamba.cache_mode=none``. Planning checks the
+    name and the value (:attr:`~kvcore.PlanOption.choices`) before any layer
+    is built, then hands each builder its plugin's values in
+    :attr:`kvcore.LayerConfig.options` (read them with
+    :meth:`~kvcore.LayerConfig.option`). ``kvcore plugins`` lists them.
+
+    Called once per plugin when a registry is built.
+
+    Returns:
+        :class:`~kvcore.PlanOption` records (at least one, names unique).
+
+    Example::
+
+        @kvcore.hookimpl
+        def kvcore_plan_options():
+            return [
+                kvcore.PlanOption(name="cache_mode", default="align", choices=("align", "none"))
+            ]
+
+    Used by ``kvcore_plugins.mamba`` (``cache_mode``).
 
     .. versionadded:: 0.1
     """

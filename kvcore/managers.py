@@ -2,10 +2,18 @@
 
 A manager keeps the block table of every request in its group and decides,
 for its attention type, three things: which earlier blocks a request no longer
-needs (:meth:`SingleTypeManager.get_num_skipped_tokens`), which cached blocks
-form a usable prefix-cache hit (:meth:`SingleTypeManager.find_longest_cache_hit`),
-and how many blocks an allocation will take. The base class implements the
-bookkeeping shared by every type; a plugin overrides what differs.
+needs (:attr:`SingleTypeManager.frees_skipped_blocks`,
+:meth:`SingleTypeManager.get_num_skipped_tokens`), which cached blocks form a
+usable prefix-cache hit (:meth:`SingleTypeManager.find_longest_cache_hit`,
+given one :class:`HitQuery`), and how many blocks an allocation will take. The
+base class implements the bookkeeping shared by every type; a plugin
+overrides what differs. What a manager class must provide is checked when a
+registry is built (:func:`kvcore.load_registry`).
+
+The hit search reads the prefix cache only through :class:`CachedBlockLookup`
+(two methods), so it can run against anything that implements them: the
+engine's :class:`~kvcore.BlockPool`, or a view of another engine's cached
+blocks.
 
 Block ids are plain ``int``; block 0 is the null block (``NULL_BLOCK``),
 which stands for a position whose KV is not kept.
@@ -18,7 +26,9 @@ logging and per-call allocation of helper objects.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, Protocol, TypeVar
+
+import attrs
 
 from kvcore._block_pool import NULL_BLOCK, BlockPool
 from kvcore._hashing import BlockHashView
@@ -31,6 +41,8 @@ __all__ = [
     "NULL_BLOCK",
     "BlockPool",
     "BlockHashView",
+    "CachedBlockLookup",
+    "HitQuery",
     "SpecT",
     "SingleTypeManager",
     "PrefixManager",
@@ -40,12 +52,91 @@ __all__ = [
 SpecT = TypeVar("SpecT", bound=KVCacheSpec)
 
 
+class CachedBlockLookup(Protocol):
+    """What a cache-hit search may ask of the prefix cache: the lookup protocol.
+
+    :class:`~kvcore.BlockPool` implements it; so can any object that knows
+    which blocks are cached under which hash (a view of another engine's
+    cache, a test double). A lookup never changes anything. A class that
+    subclasses this protocol explicitly inherits :meth:`match_prefix` written
+    in terms of :meth:`get_cached_block`.
+    """
+
+    def get_cached_block(
+        self, block_hash: Hashable, kv_cache_group_ids: Sequence[int]
+    ) -> list[int] | None:
+        """One cached block id per group for ``block_hash``, or ``None`` if any group misses."""
+        ...
+
+    def match_prefix(
+        self,
+        block_hashes: Sequence[Hashable],
+        start: int,
+        stop: int,
+        kv_cache_group_ids: Sequence[int],
+    ) -> tuple[list[int], ...]:
+        """Look ``block_hashes[start:stop]`` up left to right until the first miss.
+
+        Returns:
+            One list per group id, all of the same length: the blocks of the
+            run of hits starting at ``start``.
+        """
+        per_group: tuple[list[int], ...] = tuple([] for _ in kv_cache_group_ids)
+        for block_hash in block_hashes[start:stop]:
+            found = self.get_cached_block(block_hash, kv_cache_group_ids)
+            if found is None:
+                break
+            for blocks, block in zip(per_group, found, strict=True):
+                blocks.append(block)
+        return per_group
+
+
+@attrs.frozen
+class HitQuery(Generic[SpecT]):
+    """One cache-hit search: everything :meth:`SingleTypeManager.find_longest_cache_hit` gets.
+
+    A value object, so the contract can grow (a new field with a default)
+    without breaking a plugin: read the fields by name.
+
+    Attributes:
+        block_hashes: The request's block hashes at the spec's block size
+            (element ``i`` identifies the prefix up to the end of block ``i``).
+        max_length: Longest hit allowed, in tokens.
+        kv_cache_group_ids: Groups that share the spec; a hit needs a cached
+            block in every one of them.
+        cache: Where to look blocks up (the engine's pool or another view of
+            cached blocks); see :class:`CachedBlockLookup`.
+        spec: The groups' spec.
+        use_eagle: EAGLE speculative decoding applies: the block after the hit
+            must be cached too, and is dropped from the hit (types whose
+            :attr:`~SingleTypeManager.eagle_drops_last_block` is ``False``
+            ignore it).
+        alignment_tokens: The hit length must be a multiple of this.
+    """
+
+    block_hashes: Sequence[Hashable]
+    max_length: int
+    kv_cache_group_ids: Sequence[int]
+    cache: CachedBlockLookup
+    spec: SpecT
+    use_eagle: bool = False
+    alignment_tokens: int = 1
+
+    def no_hit(self) -> tuple[list[int], ...]:
+        """The empty hit: one empty list per group."""
+        return tuple([] for _ in self.kv_cache_group_ids)
+
+
 class SingleTypeManager(Generic[SpecT]):
     """Block tables and allocation for one KV cache group of one attention type.
 
-    Subclasses must implement :meth:`find_longest_cache_hit` and may override
-    :meth:`get_num_skipped_tokens` (tokens before the attention window) and
-    any allocation step whose behaviour differs.
+    Subclasses implement :meth:`find_longest_cache_hit` (unless
+    :attr:`supports_prefix_caching` is ``False``), declare with
+    :attr:`frees_skipped_blocks` whether requests drop blocks before they end
+    (then override :meth:`get_num_skipped_tokens`, or
+    :meth:`remove_skipped_blocks` for a pattern other than a prefix), and may
+    override any allocation step whose behaviour differs. A registry refuses a
+    class that breaks these rules, naming the class and the missing piece.
 
     Args:
         spec: The group's spec.
@@ -54,6 +145,12 @@ class SingleTypeManager(Generic[SpecT]):
         enable_caching: Whether prefix caching is on.
 
     Attributes:
+        spec: The group's spec.
+        block_size: ``spec.block_size``, tokens per block.
+        block_pool: The shared :class:`~kvcore.BlockPool`.
+        kv_cache_group_id: Index of the group in the KV cache config.
+        enable_caching: Whether prefix caching is on.
+        null_block: :data:`NULL_BLOCK`.
         req_to_blocks: Block table per request id (null blocks where the
             type dropped a block).
         num_cached_block: Per *running* request, how many leading blocks of its
@@ -76,6 +173,13 @@ class SingleTypeManager(Generic[SpecT]):
     #: not produced by the draft model) sets this to ``False`` so the hybrid
     #: coordinator does not look one block further for it.
     eagle_drops_last_block: ClassVar[bool] = True
+    #: Requests drop blocks before they end: the coordinator calls
+    #: :meth:`remove_skipped_blocks` for groups of this type (and only for
+    #: them) before every allocation. Set it when the type stops reading
+    #: earlier tokens (a window, a chunk, a state); a class that overrides
+    #: :meth:`get_num_skipped_tokens` or :meth:`remove_skipped_blocks`
+    #: without setting it is refused by the registry.
+    frees_skipped_blocks: ClassVar[bool] = False
 
     @classmethod
     def is_prefix_cacheable(cls, spec: SpecT) -> bool:
@@ -139,46 +243,39 @@ class SingleTypeManager(Generic[SpecT]):
     # -- what differs per attention type ----------------------------------------------
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[Hashable],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: SpecT,
-        use_eagle: bool,
-        alignment_tokens: int,
-    ) -> tuple[list[int], ...]:
-        """Find the longest usable prefix-cache hit of at most ``max_length`` tokens.
+    def find_longest_cache_hit(cls, query: HitQuery[SpecT]) -> tuple[list[int], ...]:
+        """Find the longest usable prefix-cache hit of at most ``query.max_length`` tokens.
 
-        Called by the coordinator before a request is admitted; it must not
-        change any state (no reference counts, no queue order).
+        A classmethod: called by the coordinator before a request is admitted,
+        and by anything else holding a :class:`CachedBlockLookup`. It must look
+        blocks up only through ``query.cache`` and change nothing. A hit of
+        ``L`` tokens is usable when every token the query at position ``L``
+        reads (:meth:`~kvcore.specs.KVCacheSpec.tokens_read`) is in a cached
+        block; :func:`kvcore.testing.check_plugin` compares the result with a
+        brute-force search built from that rule.
 
         Args:
-            block_hashes: The request's hashes, one per block of this spec's
-                block size.
-            max_length: Longest hit allowed, in tokens.
-            kv_cache_group_ids: Groups that share this spec; a hit needs a
-                cached block in every one of them.
-            block_pool: The pool to look blocks up in.
-            kv_cache_spec: The groups' spec.
-            use_eagle: EAGLE speculative decoding is on: the last matched block
-                must be recomputed, so drop it from the hit.
-            alignment_tokens: The hit length must be a multiple of this.
+            query: The request's hashes, the length limit, the groups, the
+                cache, the spec, EAGLE and the alignment.
 
         Returns:
             One list per group id, all of the same length ``n``: the blocks
             covering the first ``n × block_size`` tokens, with the null block
-            where the type does not need the block.
+            where the type does not need the block. ``n × block_size`` is a
+            multiple of ``query.alignment_tokens`` and at most
+            ``query.max_length``.
         """
         msg = f"{cls.__qualname__} must implement find_longest_cache_hit"
         raise NotImplementedError(msg)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        """Leading tokens the next token no longer attends to.
+        """Leading tokens (from the request's first) the next token no longer reads.
 
         Blocks wholly inside this prefix are freed and replaced by the null
-        block. The default, 0, keeps every block until the request ends.
+        block (when :attr:`frees_skipped_blocks` is set), and cache hits there
+        are not adopted. The default, 0, keeps every block until the request
+        ends. A type that keeps its first tokens but drops later ones (sinks
+        plus a window) returns 0 here and overrides :meth:`remove_skipped_blocks`.
 
         Args:
             num_computed_tokens: Tokens of the request whose KV is computed.
@@ -325,9 +422,11 @@ class SingleTypeManager(Generic[SpecT]):
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Free the blocks the request's next token no longer attends to.
 
-        Freed positions become null blocks. Blocks are released last to first,
-        and the walk stops at the first null (everything before it was freed by
-        an earlier call).
+        Called before every allocation of a request, for types that declare
+        :attr:`frees_skipped_blocks`. The default frees the blocks wholly
+        inside :meth:`get_num_skipped_tokens`. Freed positions become null
+        blocks. Blocks are released last to first, and the walk stops at the
+        first null (everything before it was freed by an earlier call).
         """
         num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
         if num_skipped_tokens <= 0:
@@ -364,28 +463,20 @@ class PrefixManager(SingleTypeManager[SpecT]):
     downward_closed_hits: ClassVar[bool] = True
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[Hashable],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: SpecT,
-        use_eagle: bool,
-        alignment_tokens: int,
-    ) -> tuple[list[int], ...]:
+    def find_longest_cache_hit(cls, query: HitQuery[SpecT]) -> tuple[list[int], ...]:
         """Longest cached prefix, minus EAGLE's last block, cut to the alignment.
 
         The scan stops at the first miss: hashes are chained, so no later
         block can hit.
         """
-        block_size = kv_cache_spec.block_size
-        hits = block_pool.match_prefix(
-            block_hashes, 0, max_length // block_size, kv_cache_group_ids
+        block_size = query.spec.block_size
+        hits = query.cache.match_prefix(
+            query.block_hashes, 0, query.max_length // block_size, query.kv_cache_group_ids
         )
         length = len(hits[0])
-        if use_eagle and length:
+        if query.use_eagle and length:
             length -= 1
+        alignment_tokens = query.alignment_tokens
         if block_size != alignment_tokens:
             while length and (length * block_size) % alignment_tokens:
                 length -= 1

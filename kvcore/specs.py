@@ -13,8 +13,11 @@ Specs compare and hash by value; grouping layers relies on that.
 
 from __future__ import annotations
 
+import functools
+import itertools
+import re
 from collections.abc import Hashable, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import attrs
 
@@ -31,6 +34,7 @@ __all__ = [
     "PagePart",
     "FallbackRole",
     "ALL_TOKENS_KEY",
+    "KIND_PATTERN",
     "KVCacheSpec",
     "AttentionSpec",
     "positive_int",
@@ -132,6 +136,14 @@ def _convert_dtype(value: object, instance: object, field: attrs.Attribute[Any])
         raise InvalidSpecError(msg) from None
 
 
+def _convert_shape(value: Sequence[int]) -> tuple[int, ...]:
+    shape = tuple(value)
+    if any(type(dim) is not int or dim <= 0 for dim in shape):
+        msg = f"PagePart.shape must hold positive integers, got {shape!r}"
+        raise InvalidSpecError(msg)
+    return shape
+
+
 @attrs.frozen(kw_only=True)
 class TokenLimits:
     """The per-request token limits that bound a spec's memory needs.
@@ -175,8 +187,15 @@ class PagePart:
 
     name: str
     offset: int = attrs.field(validator=non_negative_int)
-    shape: tuple[int, ...] = attrs.field(converter=tuple)
-    dtype: str
+    shape: tuple[int, ...] = attrs.field(converter=_convert_shape)
+    dtype: str = attrs.field(
+        converter=attrs.Converter(_convert_dtype, takes_self=True, takes_field=True)
+    )
+
+    @property
+    def end(self) -> int:
+        """Bytes from the start of the page to the end of the array."""
+        return self.offset + self.nbytes
 
     @property
     def nbytes(self) -> int:
@@ -201,28 +220,97 @@ FallbackRole = Literal["neutral", "enables", "promotable", "blocks"]
 ALL_TOKENS_KEY = "all tokens"
 
 
+#: What a :attr:`KVCacheSpec.kind` looks like: lowercase words joined by
+#: underscores (``"sliding_window"``). The kind is the attention type's one
+#: name: in events, plans, ``kvcore plugins`` and model configs.
+KIND_PATTERN: Final = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
+
+
 @attrs.frozen(kw_only=True)
 class KVCacheSpec:
     """What one layer needs from the KV cache; the base of every spec.
 
-    Subclasses must set :attr:`kind` and implement :attr:`page_size_bytes` and
-    :meth:`max_memory_usage_bytes`.
+    Subclasses set :attr:`kind`, describe their page with :meth:`page_parts`
+    and implement :meth:`max_memory_usage_bytes`. The page size is derived
+    from the parts (it is never declared separately), and the parts are
+    checked when a spec is made: they must not overlap, and a padded page
+    must hold them. A subclass that defines ``__attrs_post_init__`` must call
+    ``super().__attrs_post_init__()``.
 
     Attributes:
         block_size: Tokens per block (> 0).
+        page_size_padded: Page size to use instead of the natural one (the
+            end of the last page part), in bytes; never smaller than the
+            natural page. Planning pads pages so that layers of different
+            shapes can share block ids.
     """
 
-    #: Short name of the attention type, reported in KV cache events
-    #: (``BlockStored.kind``) and by ``kvcore plugins``.
-    kind: ClassVar[str] = "abstract"
+    #: The attention type's name (see :data:`KIND_PATTERN`), reported in KV
+    #: cache events (``BlockStored.kind``), plans and ``kvcore plugins``. Every
+    #: registered spec class sets its own; two classes in one registry may
+    #: not share one. By convention it equals the plugin's name.
+    kind: ClassVar[str]
+
+    #: Fields that change only the page, not which token slots a request
+    #: needs; the default :attr:`uniform_type_key` ignores them. A subclass
+    #: adding such a field (a packed cache format, say) extends the set.
+    page_only_fields: ClassVar[frozenset[str]] = frozenset({"block_size", "page_size_padded"})
 
     block_size: int = attrs.field(validator=positive_int)
+    page_size_padded: int | None = attrs.field(default=None, validator=optional_positive_int)
+
+    def __attrs_post_init__(self) -> None:
+        parts = self.page_parts()
+        if not parts:
+            msg = f"{type(self).__name__}.page_parts() returned no part; describe the page"
+            raise InvalidSpecError(msg)
+        ordered = sorted(parts, key=lambda part: part.offset)
+        for before, after in itertools.pairwise(ordered):
+            if after.offset < before.end:
+                msg = (
+                    f"{type(self).__name__}.page_parts(): part {after.name!r} (bytes "
+                    f"{after.offset}-{after.end}) overlaps part {before.name!r} (bytes "
+                    f"{before.offset}-{before.end}); give each part its own bytes"
+                )
+                raise InvalidSpecError(msg)
+        if self.page_size_padded is not None and self.page_size_padded < (
+            real := self.real_page_size_bytes
+        ):
+            msg = (
+                f"{type(self).__name__}.page_size_padded ({self.page_size_padded} bytes) "
+                f"is smaller than the page it pads ({real} bytes); "
+                "pad to at least the natural page size or leave it unset"
+            )
+            raise InvalidSpecError(msg)
+
+    def page_parts(self) -> tuple[PagePart, ...]:
+        """The typed arrays of one page: the one description of the page's layout.
+
+        The natural page size (:attr:`real_page_size_bytes`) is the end of the
+        last part, and torch allocation (:func:`kvcore.allocate_kv_cache`)
+        views every part, so what a spec says about its page and what is
+        allocated cannot disagree.
+
+        Raises:
+            NotImplementedError: the subclass does not describe its page.
+        """
+        msg = f"{type(self).__name__} must describe its page: implement page_parts()"
+        raise NotImplementedError(msg)
+
+    @functools.cached_property
+    def real_page_size_bytes(self) -> int:
+        """The natural page: bytes up to the end of the last :meth:`page_parts` part.
+
+        Derived, never overridden (a registry refuses a spec class that does).
+        """
+        return max(part.end for part in self.page_parts())
 
     @property
     def page_size_bytes(self) -> int:
-        """Bytes one block of one layer of this spec occupies."""
-        msg = f"{type(self).__name__} must implement page_size_bytes"
-        raise NotImplementedError(msg)
+        """Bytes one block of one layer occupies: ``page_size_padded``, else the natural page."""
+        if self.page_size_padded is not None:
+            return self.page_size_padded
+        return self.real_page_size_bytes
 
     def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
         """Most bytes one request can hold in one layer of this spec.
@@ -234,11 +322,6 @@ class KVCacheSpec:
         raise NotImplementedError(msg)
 
     @property
-    def real_page_size_bytes(self) -> int:
-        """The page without planning's padding; equal to :attr:`page_size_bytes` unless padded."""
-        return self.page_size_bytes
-
-    @property
     def pool_reserved_blocks(self) -> int:
         """Blocks a group of this spec takes out of the pool once, for all requests.
 
@@ -247,6 +330,24 @@ class KVCacheSpec:
         the requests need.
         """
         return 0
+
+    def tokens_read(self, position: int) -> tuple[range, ...]:
+        """Earlier tokens whose cached KV (or state) the query at ``position`` reads.
+
+        The type's declared attention rule. :func:`kvcore.testing.check_plugin`
+        builds its brute-force cache-hit oracle from it (a hit of ``L`` tokens
+        is usable when every token read at position ``L`` sits in a cached
+        block), and checks that no block a manager freed is still read. The
+        default, every earlier token, is right for types that attend to the
+        whole context.
+
+        Args:
+            position: Index of the token being computed (= tokens before it).
+
+        Returns:
+            Disjoint, increasing ranges of token indices, all below ``position``.
+        """
+        return (range(position),)
 
     # -- planning protocol: how layers of this type are grouped and sized ---------------
     # Planning (kvcore.get_kv_cache_groups, kvcore.plan) asks the spec classes
@@ -306,11 +407,18 @@ class KVCacheSpec:
         Such layers can share one block table even when their pages differ
         (different head sizes, say): planning then puts them in one group
         whose block holds one page of every layer. The default is the spec
-        class; types override it to add what changes the slots a request
-        needs (the window of a sliding window, say) or to share a key with
-        another class of the same needs.
+        class with the value of every field not listed in
+        :attr:`page_only_fields` (a window, a chunk size, ...), so layers
+        that differ in such a field never share a table. Types override it
+        to share a key with another class of the same needs
+        (:data:`ALL_TOKENS_KEY`).
         """
-        return type(self)
+        cls = type(self)
+        skip = self.page_only_fields
+        return (
+            cls,
+            *(getattr(self, f.name) for f in attrs.fields(cls) if f.name not in skip),
+        )
 
     def grown_to_page(self, page_size: int) -> KVCacheSpec | None:
         """Return this spec with its page grown to ``page_size`` bytes, if it can be.
@@ -340,37 +448,57 @@ class KVCacheSpec:
         """
         return None
 
-    def as_full_attention(self, block_size: int) -> KVCacheSpec | None:
-        """The spec this layer uses when allocated as full attention, if it is local.
+    #: The spec class that allocates this type's layers for every token, when
+    #: planning promotes a local layer (engines without the hybrid manager, and
+    #: the allocation-only fallback); ``None``: the type is not promoted. The
+    #: layer keeps computing its own attention; only its allocation changes.
+    #: Declaring it makes the plugin registering that class a dependency: a
+    #: registry without it is refused when it is built.
+    promoted_to: ClassVar[type[KVCacheSpec] | None] = None
 
-        Engines that do not manage windows (the hybrid manager disabled), and
-        the allocation-only fallback, keep every block of a local layer (a
-        sliding window, a chunk) while the layer still computes local
-        attention. The default, ``None``, means the layer is not local.
+    @classmethod
+    def allocating_for(cls, spec: KVCacheSpec, block_size: int) -> KVCacheSpec:
+        """A spec of this class allocating ``spec``'s layer for every token.
+
+        Implemented by the classes other types name in :attr:`promoted_to`.
 
         Args:
-            block_size: Block size of the promoted spec, in tokens.
-        """
-        return None
-
-    def page_parts(self) -> tuple[PagePart, ...]:
-        """The typed arrays of one page, for torch allocation.
+            spec: The promoted layer's own spec.
+            block_size: Block size of the result, in tokens.
 
         Raises:
-            NotImplementedError: the type does not describe its page.
+            NotImplementedError: this class does not allocate other types' layers.
         """
-        msg = f"{type(self).__name__} does not describe its page (page_parts)"
+        msg = f"{cls.__name__} cannot allocate other types' layers (allocating_for)"
         raise NotImplementedError(msg)
+
+    def aligned_to_attention_block_size(self, block_size: int) -> KVCacheSpec:
+        """This spec after planning raised the attention block size to ``block_size``.
+
+        Planning raises the block size of the attention layers until one of
+        their pages holds a recurrent state (see
+        :attr:`page_size_follows_block_size`). The default: a spec whose page
+        follows the block size takes the new block size; any other spec is
+        unchanged. A state cached per attention block overrides it to follow.
+
+        Raises:
+            InvalidSpecError: the spec does not accept the new block size.
+        """
+        if self.page_size_follows_block_size:
+            return attrs.evolve(self, block_size=block_size)
+        return self
 
 
 @attrs.frozen(kw_only=True)
 class AttentionSpec(KVCacheSpec):
     """A layer that stores a key and a value vector per token and KV head.
 
-    The page of one block is ``block_size × num_kv_heads × (head_size +
-    head_size_v) × bytes per element``, or ``page_size_padded`` when that is
-    set (planning pads pages so that layers of different shapes can share
-    block ids).
+    The page of one block is one array of ``(block_size, num_kv_heads,
+    head_size + head_size_v)`` elements (:meth:`page_parts`), or
+    ``page_size_padded`` bytes when that is set. A subclass whose page holds
+    something else (fewer vectors, a packed record) overrides
+    :meth:`page_parts`; the page must stay ``block_size ×``
+    :attr:`bytes_per_token` bytes, which is checked when the spec is made.
 
     Attributes:
         num_kv_heads: Key/value heads stored per token (> 0).
@@ -379,9 +507,14 @@ class AttentionSpec(KVCacheSpec):
             ``head_size``. 0 for layers with no separate value (MLA).
         dtype: Element type, as a name (``"bfloat16"``) or a ``torch.dtype``;
             stored as its canonical name.
-        page_size_padded: Page size to use instead of the natural one, in
-            bytes; must not be smaller than the natural page.
     """
+
+    page_only_fields: ClassVar[frozenset[str]] = KVCacheSpec.page_only_fields | {
+        "num_kv_heads",
+        "head_size",
+        "head_size_v",
+        "dtype",
+    }
 
     num_kv_heads: int = attrs.field(validator=positive_int)
     head_size: int = attrs.field(validator=positive_int)
@@ -392,35 +525,21 @@ class AttentionSpec(KVCacheSpec):
     dtype: str = attrs.field(
         converter=attrs.Converter(_convert_dtype, takes_self=True, takes_field=True)
     )
-    page_size_padded: int | None = attrs.field(default=None, validator=optional_positive_int)
 
     def __attrs_post_init__(self) -> None:
-        if self.page_size_padded is not None and self.page_size_padded < (
-            real := self.real_page_size_bytes
-        ):
+        super().__attrs_post_init__()
+        if self.real_page_size_bytes % self.block_size:
             msg = (
-                f"{type(self).__name__}.page_size_padded ({self.page_size_padded} bytes) "
-                f"is smaller than the page it pads ({real} bytes); "
-                "pad to at least the natural page size or leave it unset"
+                f"{type(self).__name__}: its page parts end at byte {self.real_page_size_bytes}, "
+                f"not a whole number of bytes for each of its {self.block_size} tokens; an "
+                "attention page must grow by the same bytes per token (page_parts)"
             )
             raise InvalidSpecError(msg)
 
     @property
     def bytes_per_token(self) -> int:
-        """Bytes one token takes in one layer (keys and values, all KV heads)."""
-        return self.num_kv_heads * (self.head_size + self.head_size_v) * DTYPE_SIZES[self.dtype]
-
-    @property
-    def real_page_size_bytes(self) -> int:
-        """The natural page size, ignoring ``page_size_padded``."""
-        return self.block_size * self.bytes_per_token
-
-    @property
-    def page_size_bytes(self) -> int:
-        """Bytes one block of one layer occupies (padded if padding is set)."""
-        if self.page_size_padded is not None:
-            return self.page_size_padded
-        return self.real_page_size_bytes
+        """Bytes one token takes in one layer's page: the natural page over ``block_size``."""
+        return self.real_page_size_bytes // self.block_size
 
     def pages_for_tokens(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens (``ceil(num_tokens / block_size)``)."""

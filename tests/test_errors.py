@@ -31,7 +31,7 @@ BASE = {"block_size": 16, "num_kv_heads": 8, "head_size": 128, "dtype": "bfloat1
         ("head_size_v", -2, "FullAttentionSpec.head_size_v must be an integer >= 0"),
         ("dtype", "float13", "FullAttentionSpec.dtype: unknown dtype 'float13'; known dtypes:"),
         ("dtype", 3, "FullAttentionSpec.dtype: expected a dtype name or a torch.dtype, got 3"),
-        ("sliding_window", 0, "FullAttentionSpec.sliding_window must be a positive integer"),
+        ("compute_spec", 7, "FullAttentionSpec.compute_spec must be a kvcore spec or None, got 7"),
         ("page_size_padded", 100, r"page_size_padded \(100 bytes\) is smaller than the page"),
     ],
 )

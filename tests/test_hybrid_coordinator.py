@@ -93,10 +93,10 @@ def call_log(monkeypatch):
     for cls in (FullAttentionManager, SlidingWindowManager):
         original = cls.find_longest_cache_hit
 
-        def wrapper(kls, *args, _original=original, _name=cls.__name__):
-            hashes, max_length, group_ids, pool, spec, use_eagle, alignment = args
-            log.append((_name, getattr(spec, "sliding_window", None), max_length, use_eagle))
-            return _original(*args)
+        def wrapper(kls, query, _original=original, _name=cls.__name__):
+            window = getattr(query.spec, "sliding_window", None)
+            log.append((_name, window, query.max_length, query.use_eagle))
+            return _original(query)
 
         monkeypatch.setattr(cls, "find_longest_cache_hit", classmethod(wrapper))
     return log

@@ -21,7 +21,7 @@ from kvcore.errors import (
     UnknownSpecError,
 )
 from kvcore.managers import PrefixManager
-from kvcore.specs import AttentionSpec
+from kvcore.specs import AttentionSpec, TokenLimits
 from kvcore_plugins.full_attention import FullAttentionManager, FullAttentionSpec
 
 
@@ -32,6 +32,9 @@ def full_spec() -> FullAttentionSpec:
 @attrs.frozen(kw_only=True)
 class ToySpec(AttentionSpec):
     kind = "toy"
+
+    def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
+        return self.pages_for_tokens(limits.max_model_len) * self.page_size_bytes
 
 
 class ToyManager(PrefixManager[ToySpec]):
@@ -152,7 +155,10 @@ def test_a_plugin_that_fails_to_import_is_named(entry_points):
     message = str(info.value)
     assert "kvcore plugin 'broken' (kvcore_broken, distribution kvcore-fake 1.0)" in message
     assert "ModuleNotFoundError: No module named 'triton'" in message
-    assert "disable=['broken'] or KVCORE_DISABLE_PLUGINS=broken" in message
+    assert (
+        "--disable broken (kvcore command), KVCORE_DISABLE_PLUGINS=broken (environment) or "
+        "disable=['broken'] (kvcore.load_registry)" in message
+    )
     assert isinstance(info.value.__cause__, ModuleNotFoundError)
     # Left out, it is never imported.
     assert [p.name for p in kvcore.load_registry(disable=["broken"]).plugins] == ["full_attention"]
@@ -215,7 +221,7 @@ def test_a_hook_with_a_wrong_signature_is_an_error(entry_points, monkeypatch):
 @pytest.mark.parametrize(
     ("returned", "message"),
     [
-        (kvcore.LayerType(ToySpec, ToyManager), "must return a list of kvcore.LayerType"),
+        (kvcore.LayerType(ToySpec, ToyManager), "must return a non-empty list of kvcore.LayerType"),
         ([(ToySpec, ToyManager)], "must return kvcore.LayerType records"),
         ([kvcore.LayerType(int, ToyManager)], "LayerType.spec must be a subclass"),
         ([kvcore.LayerType(ToySpec, object)], "LayerType.manager for ToySpec must be"),

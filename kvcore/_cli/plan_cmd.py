@@ -6,7 +6,12 @@ import argparse
 import json
 from typing import Any
 
-from kvcore._cli.plugins_cmd import add_selection_options, registry_from_args
+from kvcore._cli.plugins_cmd import (
+    add_plan_option_argument,
+    add_selection_options,
+    plan_options_from_args,
+    registry_from_args,
+)
 from kvcore._planning.group_size import GROUP_SIZE_RULES
 from kvcore._planning.model_config import list_models
 from kvcore._planning.plan import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, plan
@@ -48,7 +53,7 @@ def add_parser(subparsers: Any) -> None:
         type=int,
         metavar="N",
         help=f"tokens per attention block (default: {DEFAULT_BLOCK_SIZE}, raised for "
-        "models with Mamba/linear-attention states)",
+        "models with recurrent-state layers until a page holds a state)",
     )
     parser.add_argument(
         "--dtype",
@@ -85,16 +90,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--no-hybrid",
         action="store_true",
-        help="allocate sliding-window and chunked layers as full attention, as engines "
-        "without the hybrid manager do",
+        help="allocate the layers of local attention types (windows, chunks) for every "
+        "token, in one block table, as engines without the hybrid manager do",
     )
-    parser.add_argument(
-        "--mamba-cache-mode",
-        choices=("align", "none"),
-        default="align",
-        help="align: states cached at block boundaries (prefix caching); none: one state "
-        "per request (default: align)",
-    )
+    add_plan_option_argument(parser)
     add_selection_options(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument(
@@ -126,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         num_blocks=args.num_blocks,
         layout=args.layout.replace("-", "_"),
         hybrid=not args.no_hybrid,
-        mamba_cache_mode=args.mamba_cache_mode,
+        options=plan_options_from_args(args),
     )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))

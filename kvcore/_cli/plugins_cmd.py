@@ -8,8 +8,15 @@ from typing import Any
 
 from kvcore._plugin_loader import load_registry
 from kvcore._registry import PluginInfo, Registry
+from kvcore.errors import InvalidConfigError
 
-__all__ = ["add_parser"]
+__all__ = [
+    "add_parser",
+    "add_plan_option_argument",
+    "add_selection_options",
+    "plan_options_from_args",
+    "registry_from_args",
+]
 
 
 def add_parser(subparsers: Any) -> None:
@@ -19,8 +26,11 @@ def add_parser(subparsers: Any) -> None:
         help="list the installed plugins, their spec types and manager classes",
         description=(
             "List the kvcore plugins found through the 'kvcore' entry-point group: for "
-            "each, its distribution, its attention types (spec class, event kind, manager "
-            "class). Plugins left out by the selection are listed as not loaded."
+            "each, its distribution, its attention types (spec class, kind, manager "
+            "class), the layer kinds it builds from model configs, whether it recognizes "
+            "model configs, and its plan options. Loading calls every hook of every "
+            "selected plugin, so a broken plugin is reported here. Plugins left out by "
+            "the selection are listed as not loaded."
         ),
     )
     add_selection_options(parser)
@@ -41,6 +51,35 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAMES",
         help="comma-separated plugin names not to load (default: $KVCORE_DISABLE_PLUGINS)",
     )
+
+
+def add_plan_option_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--option PLUGIN.NAME=VALUE`` (repeatable): a plugin's plan option."""
+    parser.add_argument(
+        "--option",
+        "-o",
+        action="append",
+        default=[],
+        metavar="PLUGIN.NAME=VALUE",
+        help="set a plugin's plan option, e.g. mamba.cache_mode=none (repeatable; "
+        "'kvcore plugins' lists the options)",
+    )
+
+
+def plan_options_from_args(args: argparse.Namespace) -> dict[str, str]:
+    """The ``--option`` values as a mapping.
+
+    Raises:
+        InvalidConfigError: an option is not written ``PLUGIN.NAME=VALUE``.
+    """
+    options: dict[str, str] = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key:
+            msg = f"--option {item!r}: write it as PLUGIN.NAME=VALUE, e.g. mamba.cache_mode=none"
+            raise InvalidConfigError(msg)
+        options[key.strip()] = value.strip()
+    return options
 
 
 def registry_from_args(args: argparse.Namespace) -> Registry:
@@ -68,6 +107,24 @@ def _describe(plugin: PluginInfo, loaded: bool) -> dict[str, Any]:
             }
             for lt in plugin.layer_types
         ],
+        "layer_kinds": [
+            {
+                "name": kind.name,
+                "aliases": list(kind.aliases),
+                "deprecated_aliases": list(kind.deprecated_aliases),
+            }
+            for kind in plugin.layer_kinds
+        ],
+        "recognizes_model_configs": plugin.implements("kvcore_model_layers"),
+        "plan_options": [
+            {
+                "name": f"{plugin.name}.{option.name}",
+                "default": option.default,
+                "choices": None if option.choices is None else list(option.choices),
+                "help": option.help,
+            }
+            for option in plugin.plan_options
+        ],
     }
 
 
@@ -87,6 +144,17 @@ def run(args: argparse.Namespace) -> int:
         for layer_type in row["layer_types"]:
             print(f"    {layer_type['spec']}  [{layer_type['kind']}]")
             print(f"        managed by {layer_type['manager']}")
+        if row["layer_kinds"]:
+            kinds = []
+            for kind in row["layer_kinds"]:
+                others = kind["aliases"] + [f"{a} (deprecated)" for a in kind["deprecated_aliases"]]
+                kinds.append(kind["name"] + (f" (also {', '.join(others)})" if others else ""))
+            print(f"    layer kinds: {', '.join(kinds)}")
+        if row["recognizes_model_configs"]:
+            print("    recognizes model configs (kvcore_model_layers)")
+        for option in row["plan_options"]:
+            allowed = "any" if option["choices"] is None else "|".join(option["choices"])
+            print(f"    option {option['name']}={allowed} (default {option['default']})")
     loaded = sum(row["loaded"] for row in rows)
     print(f"{loaded} of {len(rows)} installed plugins loaded")
     return 0

@@ -1,22 +1,23 @@
 """State / attention page alignment, done before grouping (reference: the platform step).
 
-A recurrent state (Mamba, linear attention) has a fixed page, usually much
-larger than an attention page of 16 tokens. For both to share block ids the
-attention block size is raised until an attention page holds a state, and
-the state page is padded to the attention page:
+A recurrent state has a fixed page (its spec's
+:attr:`~kvcore.specs.KVCacheSpec.page_size_follows_block_size` is false),
+usually much larger than an attention page of 16 tokens. For both to share
+block ids the attention block size is raised until an attention page holds a
+state, and the state page is padded to the attention page:
 
 ``block = align × ceil(state page / (align × attention bytes per token))``
 
-where ``align`` is the largest kernel block alignment of the attention types
-(16 tokens; 64 for MLA). States whose block size followed the attention block
-size (``"align"`` cache mode) follow it to the new size.
+where ``align`` is the largest
+:attr:`~kvcore.specs.KVCacheSpec.kernel_block_alignment` of the attention
+types. Every spec is told the new block size
+(:meth:`~kvcore.specs.KVCacheSpec.aligned_to_attention_block_size`): the spec
+class decides whether it follows, so nothing here guesses a type's mode.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-import attrs
 
 from kvcore._utils import cdiv
 from kvcore.errors import InvalidSpecError
@@ -57,7 +58,7 @@ def align_state_pages(layer_specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCac
     for name, spec in attention.items():
         if spec.block_size != target:
             try:
-                specs[name] = attrs.evolve(spec, block_size=target)
+                specs[name] = spec.aligned_to_attention_block_size(target)
             except InvalidSpecError as exc:
                 msg = (
                     f"layer {name!r}: the attention block size must grow to {target} tokens "
@@ -66,9 +67,7 @@ def align_state_pages(layer_specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCac
                 raise InvalidSpecError(msg) from exc
     attention_page = min(specs[n].page_size_bytes for n in attention)
     for name, spec in states.items():
-        aligned = spec
-        if spec.block_size in block_sizes:
-            aligned = attrs.evolve(aligned, block_size=target)
+        aligned = spec.aligned_to_attention_block_size(target)
         grown = aligned.grown_to_page(attention_page)
         specs[name] = grown if grown is not None else aligned
     return specs

@@ -1,38 +1,65 @@
-"""What a plugin's layer-kind builder is told about one layer of a model."""
+"""What plugins tell planning about layers, and what planning tells them.
+
+* :class:`LayerKind`: a layer kind a plugin builds specs for (the
+  :func:`~kvcore.hookspecs.kvcore_layer_kinds` hook).
+* :class:`PlanOption`: an option a plugin reads while its layers are built
+  (the :func:`~kvcore.hookspecs.kvcore_plan_options` hook), set with
+  ``kvcore.plan(options={"plugin.option": value})`` or ``kvcore plan --option``.
+* :class:`LayerConfig`: one layer of a model, as handed to a kind's builder.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 import attrs
 
+from kvcore._planning.fields import FieldReader
 from kvcore.errors import InvalidConfigError
-from kvcore.specs import non_negative_int, positive_int
+from kvcore.specs import KIND_PATTERN, KVCacheSpec, non_negative_int, positive_int
 
-__all__ = ["LayerConfig"]
-
-_MISSING = object()
+__all__ = ["LayerBuilder", "LayerConfig", "LayerKind", "PlanOption"]
 
 
 def _read_only(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(value))
 
 
+def _names(value: Sequence[str]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _check_name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    names = value if isinstance(value, tuple) else (value,)
+    for name in names:
+        if not isinstance(name, str) or not KIND_PATTERN.fullmatch(name):
+            msg = (
+                f"{type(instance).__name__}.{attribute.name}: {name!r} is not a name of "
+                "lowercase words joined by underscores"
+            )
+            raise InvalidConfigError(msg)
+
+
 @attrs.frozen(kw_only=True)
-class LayerConfig:
+class LayerConfig(FieldReader):
     """One cache-holding layer of a model, as handed to a layer-kind builder.
 
-    See the :func:`~kvcore.hookspecs.kvcore_layer_kinds` hook.
+    See the :func:`~kvcore.hookspecs.kvcore_layer_kinds` hook. Read config
+    fields with :meth:`require_int`, :meth:`get_int`, :meth:`require` and
+    :meth:`get`: their errors name the model, the file, the layer and the
+    field, so a builder never needs its own checks for a missing or
+    malformed field.
 
     Attributes:
         name: The layer's name, e.g. ``"model.layers.5.self_attn"``; the
             planned groups and tensors use it.
         index: Index of the decoder layer the cache belongs to.
-        kind: The layer kind (``"full_attention"``, ``"sliding_attention"``,
+        kind: The layer kind (``"full_attention"``, ``"sliding_window"``,
             ``"mamba"``, ...).
         model: The model's name, for messages.
+        source: The config file the fields come from, for messages.
         config: The model's (text) config, read-only: the ``config.json``
             fields, with a nested ``text_config`` merged over the top level.
         block_size: Tokens per block of attention layers.
@@ -40,61 +67,145 @@ class LayerConfig:
         state_dtype: Element type of recurrent states (the model's dtype: a
             KV cache dtype such as fp8 does not apply to them).
         max_model_len: The longest request planned for, in tokens.
-        mamba_cache_mode: ``"align"`` (states cached per block, block size of
-            the attention layers) or ``"none"`` (one state per request).
+        options: The values of the options of the plugin claiming the kind
+            (:class:`PlanOption`, by option name), defaults filled in.
     """
 
     name: str
     index: int = attrs.field(validator=non_negative_int)
     kind: str
     model: str
+    source: str = ""
     config: Mapping[str, Any] = attrs.field(converter=_read_only, eq=False, repr=False)
     block_size: int = attrs.field(validator=positive_int)
     dtype: str
     state_dtype: str
     max_model_len: int = attrs.field(validator=positive_int)
-    mamba_cache_mode: str = "align"
+    options: Mapping[str, str] = attrs.field(factory=dict, converter=_read_only)
 
-    def get(self, *keys: str, default: Any = None) -> Any:
-        """The value of the first of ``keys`` present (and not null) in the config."""
-        for key in keys:
-            value = self.config.get(key)
-            if value is not None:
-                return value
-        return default
+    def _where(self) -> str:
+        source = f" ({self.source})" if self.source else ""
+        return f"model {self.model!r}{source}: layer {self.name!r} ({self.kind})"
 
-    def require(self, *keys: str) -> Any:
-        """Like :meth:`get`, but a missing field is an error.
+    def option(self, name: str) -> str:
+        """The value of this plugin's plan option ``name``.
 
         Raises:
-            InvalidConfigError: none of ``keys`` is in the config; the message
-                names the model, the layer and the field.
+            InvalidConfigError: the plugin declares no such option (a typo in
+                the plugin: declare it in ``kvcore_plan_options``).
         """
-        value = self.get(*keys, default=_MISSING)
-        if value is _MISSING:
-            names = " or ".join(repr(key) for key in keys)
+        try:
+            return self.options[name]
+        except KeyError:
+            known = ", ".join(sorted(self.options)) or "none"
             msg = (
-                f"model {self.model!r}: layer {self.name!r} ({self.kind}) needs {names} in "
-                "its config.json; add the field"
+                f"layer kind {self.kind!r} reads plan option {name!r}, which its plugin does "
+                f"not declare (declared: {known}); declare it in kvcore_plan_options"
             )
-            raise InvalidConfigError(msg)
-        return value
+            raise InvalidConfigError(msg) from None
 
     @property
     def num_attention_heads(self) -> int:
-        """Query heads (``num_attention_heads`` or ``decoder_attention_heads``)."""
-        return int(self.require("num_attention_heads", "decoder_attention_heads"))
+        """Query heads (``num_attention_heads`` or ``decoder_attention_heads``), at least 1."""
+        return self.require_int("num_attention_heads", "decoder_attention_heads")
 
     @property
     def num_kv_heads(self) -> int:
         """The KV heads, ``num_key_value_heads``, else the query heads."""
-        value = self.get("num_key_value_heads")
-        return int(value) if value is not None else self.num_attention_heads
+        return self.get_int("num_key_value_heads", default=0) or self.num_attention_heads
 
     @property
     def head_size(self) -> int:
-        """``head_dim``, else the hidden size (``hidden_size``/``d_model``) over the heads."""
-        value = self.get("head_dim")
-        if value is not None:
-            return int(value)
-        return int(self.require("hidden_size", "d_model")) // self.num_attention_heads
+        """``head_dim``, else the hidden size (``hidden_size``/``d_model``) over the heads.
+
+        Raises:
+            InvalidConfigError: a field is missing or not a positive integer,
+                or the hidden size is not a multiple of the heads.
+        """
+        value = self.get_int("head_dim", default=0)
+        if value:
+            return value
+        hidden = self.require_int("hidden_size", "d_model")
+        heads = self.num_attention_heads
+        if hidden % heads:
+            msg = (
+                f"{self._where()}: the hidden size ({hidden}) is not a multiple of "
+                f"num_attention_heads ({heads}), so the head size is not a whole number; "
+                "give head_dim in the config.json"
+            )
+            raise InvalidConfigError(msg)
+        return hidden // heads
+
+
+#: Builds the spec of one layer of a kind from its :class:`LayerConfig`.
+LayerBuilder = Callable[[LayerConfig], KVCacheSpec]
+
+
+@attrs.frozen
+class LayerKind:
+    """A layer kind a plugin builds specs for, from a model's ``config.json``.
+
+    Returned by the :func:`~kvcore.hookspecs.kvcore_layer_kinds` hook.
+
+    Attributes:
+        name: The kind's name; for a type with one kind, the type's name
+            (its spec's :attr:`~kvcore.specs.KVCacheSpec.kind`). Model configs
+            give it in their ``layer_types`` list.
+        build: Builds the layer's spec from its :class:`LayerConfig`.
+        aliases: Other names model configs use for this kind (Hugging Face's
+            ``layer_types`` vocabulary, e.g. ``"sliding_attention"``),
+            accepted silently.
+        deprecated_aliases: Former kvcore names of this kind, accepted with a
+            ``DeprecationWarning``.
+        module_name: The layer's module inside a decoder layer, the last part
+            of its name (``"model.layers.3.<module_name>"``).
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    build: LayerBuilder
+    aliases: tuple[str, ...] = attrs.field(
+        default=(), converter=_names, validator=_check_name, kw_only=True
+    )
+    deprecated_aliases: tuple[str, ...] = attrs.field(
+        default=(), converter=_names, validator=_check_name, kw_only=True
+    )
+    module_name: str = attrs.field(default="self_attn", kw_only=True)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name of the kind: its name, its aliases, its deprecated aliases."""
+        return (self.name, *self.aliases, *self.deprecated_aliases)
+
+
+def _choices(value: Sequence[str] | None) -> tuple[str, ...] | None:
+    return None if value is None else _names(value)
+
+
+@attrs.frozen(kw_only=True)
+class PlanOption:
+    """An option a plugin reads while its layers are built (``LayerConfig.option``).
+
+    Returned by the :func:`~kvcore.hookspecs.kvcore_plan_options` hook. Users
+    set it as ``"<plugin>.<name>"``: ``kvcore.plan(model, options={...})`` or
+    ``kvcore plan MODEL --option <plugin>.<name>=<value>``. An unknown option
+    or a value outside ``choices`` is refused before any layer is built.
+
+    Attributes:
+        name: The option's name within the plugin.
+        default: Its value when not set.
+        choices: The values it accepts (``None``: any string).
+        help: One sentence for ``kvcore plugins`` and the documentation.
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    default: str
+    choices: tuple[str, ...] | None = attrs.field(default=None, converter=_choices)
+    help: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        if self.choices is not None and self.default not in self.choices:
+            msg = (
+                f"PlanOption {self.name!r}: its default {self.default!r} is not one of its "
+                f"choices {list(self.choices)}"
+            )
+            raise InvalidConfigError(msg)

@@ -1,61 +1,145 @@
 """Model configs: from a Hugging Face style ``config.json`` to layer specs.
 
-Reading a config is split in two. kvcore reads the *shape* of the model: how
-many layers hold a cache, their names, and each one's *kind*, taken from the
-config's ``layer_types`` when it has one and derived from the usual fields
-otherwise (Jamba's attention period, Qwen3-Next's full-attention interval,
-Llama-4's RoPE-less layers, Gemma's sliding-window pattern, a model-wide
-``sliding_window``, MLA's ``kv_lora_rank``, encoder-decoder models' cross
-attention). The plugins turn each kind into a spec, through the
-:func:`~kvcore.hookspecs.kvcore_layer_kinds` hook: the core never knows which
-spec class serves a kind.
+Reading a config is split between kvcore and the plugins. kvcore reads the
+file, the model-wide fields (context length, dtype, encoder tokens) and, when
+the config lists them, its ``layer_types``. Which layers hold a cache, and of
+which *kind*, is otherwise derived by the plugins, each from its own fields,
+through the :func:`~kvcore.hookspecs.kvcore_model_layers` hook; and each
+kind's spec is built by the plugin claiming it, through the
+:func:`~kvcore.hookspecs.kvcore_layer_kinds` hook. The core never knows which
+attention type a field, a kind or a model family belongs to.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.resources
 import json
 import os
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import attrs
-import pluggy
 
-from kvcore import hookspecs
-from kvcore._planning.layer_config import LayerConfig
+from kvcore._planning.fields import FieldReader
+from kvcore._planning.layer_config import LayerConfig, LayerKind
+from kvcore._plugin_calls import call_plugin
 from kvcore._registry import Registry
 from kvcore.errors import (
     HookImplementationError,
     InvalidConfigError,
-    PluginConflictError,
+    InvalidSpecError,
     UnknownSpecError,
 )
 from kvcore.specs import KVCacheSpec, dtype_name
 
 __all__ = [
     "ModelConfig",
+    "ModelFields",
     "ModelLayer",
     "build_layer_specs",
-    "layer_kind_builders",
     "list_models",
     "load_model_config",
 ]
 
 
-LayerBuilder = Callable[[LayerConfig], KVCacheSpec]
-
-
 @attrs.frozen(kw_only=True)
 class ModelLayer:
-    """One cache-holding layer of a model: its name, decoder layer index and kind."""
+    """One cache-holding layer of a model: its name, decoder layer index and layer kind.
+
+    Attributes:
+        name: The layer's name (``"model.layers.5.self_attn"``), used by the
+            planned groups and tensors.
+        index: Index of the decoder layer it belongs to.
+        kind: Its layer kind (see :class:`~kvcore.LayerKind`).
+    """
 
     name: str
     index: int
     kind: str
+
+
+def _read_only(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value))
+
+
+@attrs.frozen(kw_only=True)
+class ModelFields(FieldReader):
+    """A model's ``config.json`` fields, as the ``kvcore_model_layers`` hook sees them.
+
+    Read fields with :meth:`require_int`, :meth:`get_int`, :meth:`require`
+    and :meth:`get`: their errors name the model, the file and the field.
+
+    Attributes:
+        name: The model's name (shipped name, or the config's directory).
+        source: The file the fields were read from.
+        config: The fields, read-only; a nested ``text_config`` is merged over
+            the top level.
+        module_names: Layer kind → the module name of its layers (from the
+            registry's :class:`~kvcore.LayerKind` records).
+    """
+
+    name: str
+    source: str
+    config: Mapping[str, Any] = attrs.field(converter=_read_only, eq=False, repr=False)
+    module_names: Mapping[str, str] = attrs.field(
+        factory=dict, converter=_read_only, eq=False, repr=False
+    )
+
+    def _where(self) -> str:
+        return f"model {self.name!r} ({self.source})"
+
+    @property
+    def num_hidden_layers(self) -> int:
+        """Decoder layers (``num_hidden_layers``), at least 1.
+
+        Raises:
+            InvalidConfigError: missing, or not a positive integer.
+        """
+        return self.require_int("num_hidden_layers")
+
+    @property
+    def layer_types(self) -> list[str] | None:
+        """The config's ``layer_types`` list (one layer kind per decoder layer), or ``None``.
+
+        Raises:
+            InvalidConfigError: it is not a list of strings with one entry per
+                layer.
+        """
+        value = self.config.get("layer_types")
+        if value is None:
+            return None
+        count = self.num_hidden_layers
+        if (
+            not isinstance(value, list)
+            or len(value) != count
+            or not all(isinstance(kind, str) for kind in value)
+        ):
+            msg = (
+                f"{self._where()}: layer_types must list one kind per layer ({count} layers, "
+                f"num_hidden_layers), as strings, got {value!r}; fix layer_types"
+            )
+            raise InvalidConfigError(msg)
+        return list(value)
+
+    def decoder_layers(
+        self, kinds: Sequence[str], *, prefix: str = "model.layers"
+    ) -> tuple[ModelLayer, ...]:
+        """One layer per decoder layer, of the given kinds, named ``<prefix>.<i>.<module>``.
+
+        ``<module>`` is the kind's :attr:`~kvcore.LayerKind.module_name`
+        (``"self_attn"`` for a kind no selected plugin claims).
+        """
+        return tuple(
+            ModelLayer(
+                name=f"{prefix}.{i}.{self.module_names.get(kind, 'self_attn')}", index=i, kind=kind
+            )
+            for i, kind in enumerate(kinds)
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -67,11 +151,12 @@ class ModelConfig:
         source: Where the config was read from.
         config: The (text) config fields, read-only; a nested
             ``text_config`` is merged over the top level.
-        layers: Every cache-holding layer, in order.
+        layers: Every cache-holding layer, in order, with its layer kind
+            under its own name (an alias in the config is resolved).
         max_model_len: The model's context length (``max_position_embeddings``,
             ``max_target_positions`` for encoder-decoder models).
         max_num_encoder_tokens: Encoder tokens per request (encoder-decoder
-            models), else 0.
+            models, ``max_source_positions``), else 0.
         dtype: The model's dtype (canonical name).
     """
 
@@ -108,13 +193,29 @@ def list_models() -> list[str]:
 
 def _read_json(path: Path, label: str) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        raw = path.read_bytes()
     except OSError as exc:
         msg = f"cannot read model config {label}: {exc}"
         raise InvalidConfigError(msg) from exc
-    except json.JSONDecodeError as exc:
-        msg = f"model config {label} is not valid JSON: {exc}"
-        raise InvalidConfigError(msg) from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        msg = (
+            f"model config {label} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset "
+            f"{exc.start}); save the config.json as UTF-8"
+        )
+        raise InvalidConfigError(msg) from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        msg = (
+            f"model config {label} nests JSON values too deeply to read; a config.json "
+            "is a flat object of fields (with at most a few nested objects)"
+        )
+        raise InvalidConfigError(msg) from None
+    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
+        msg = f"model config {label} is not valid JSON: {exc}; fix the file"
+        raise InvalidConfigError(msg) from None
     if not isinstance(data, dict):
         msg = f"model config {label} must be a JSON object, got {type(data).__name__}"
         raise InvalidConfigError(msg)
@@ -153,168 +254,129 @@ def _merged_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def _require_int(fields: Mapping[str, Any], name: str, *keys: str) -> int:
-    for key in keys:
-        value = fields.get(key)
-        if value is not None:
-            if type(value) is not int or value < 0:
-                msg = f"model {name!r}: {key} must be a non-negative integer, got {value!r}"
-                raise InvalidConfigError(msg)
-            return value
-    msg = f"model {name!r}: its config.json needs {' or '.join(map(repr, keys))}"
-    raise InvalidConfigError(msg)
+def _canonical_layers(
+    layers: tuple[ModelLayer, ...], registry: Registry, where: str
+) -> tuple[ModelLayer, ...]:
+    """Layers with every kind under its own name; deprecated names warn once each."""
+    warned: set[str] = set()
+    canonical = []
+    for layer in layers:
+        claim = registry.layer_kind(layer.kind)
+        if claim is not None and claim.record.name != layer.kind:
+            kind: LayerKind = claim.record
+            if layer.kind in kind.deprecated_aliases and layer.kind not in warned:
+                warned.add(layer.kind)
+                warnings.warn(
+                    f"{where}: layer kind {layer.kind!r} is deprecated; it is now called "
+                    f"{kind.name!r} (plugin {claim.plugin.name!r})",
+                    DeprecationWarning,
+                    stacklevel=4,
+                )
+            layer = attrs.evolve(layer, kind=kind.name)
+        canonical.append(layer)
+    return tuple(canonical)
 
 
-def _decoder_kinds(fields: Mapping[str, Any], name: str) -> list[str]:
-    """The kind of every decoder layer, from ``layer_types`` or the usual fields."""
-    count = _require_int(fields, name, "num_hidden_layers")
-    layer_types = fields.get("layer_types")
-    if layer_types is not None:
-        if not isinstance(layer_types, list) or len(layer_types) != count:
+def _model_layers(fields: ModelFields, registry: Registry) -> tuple[ModelLayer, ...]:
+    """The layers a plugin derives from the config, else those ``layer_types`` lists."""
+    answer = registry.first_result("kvcore_model_layers", model=fields)
+    if answer is None:
+        kinds = fields.layer_types
+        if kinds is None:
+            unselected = ", ".join(p.name for p in registry.unselected)
+            hint = f" Installed but not selected: {unselected}." if unselected else ""
+            recognizers = ", ".join(c.plugin for c in registry.hook_calls.get(
+                "kvcore_model_layers", ())) or "none"
             msg = (
-                f"model {name!r}: layer_types must list one kind per layer "
-                f"({count} layers, num_hidden_layers), got {layer_types!r}"
+                f"{fields._where()}: no selected kvcore plugin recognizes its layers "
+                f"(plugins asked: {recognizers}) and its config.json lists no layer_types.{hint} "
+                "Select the plugin for this model's attention types, or add layer_types "
+                "(one layer kind per layer)"
             )
-            raise InvalidConfigError(msg)
-        kinds = [str(kind) for kind in layer_types]
-    elif fields.get("attn_layer_period") is not None:  # Jamba
-        period = _require_int(fields, name, "attn_layer_period")
-        offset = _require_int(fields, name, "attn_layer_offset")
-        kinds = ["full_attention" if i % period == offset else "mamba" for i in range(count)]
-    elif fields.get("full_attention_interval") is not None:  # Qwen3-Next
-        interval = _require_int(fields, name, "full_attention_interval")
-        kinds = [
-            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
-            for i in range(count)
-        ]
-    elif fields.get("attention_chunk_size") is not None:  # Llama-4
-        uses_rope = fields.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(count)]
-        kinds = ["chunked_attention" if uses_rope[i] else "full_attention" for i in range(count)]
-    elif fields.get("sliding_window_pattern") is not None:  # Gemma-3 without layer_types
-        pattern = _require_int(fields, name, "sliding_window_pattern")
-        kinds = [
-            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-            for i in range(count)
-        ]
-    elif fields.get("model_type") == "gemma2":  # even layers slide, odd layers are global
-        kinds = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(count)]
-    elif fields.get("sliding_window") is not None and fields.get("use_sliding_window", True):
-        kinds = ["sliding_attention"] * count
-    else:
-        kinds = ["full_attention"] * count
-    if fields.get("kv_lora_rank") is not None:  # DeepSeek-style latent attention
-        kinds = ["mla_attention" if kind == "full_attention" else kind for kind in kinds]
-    return kinds
-
-
-_LAYER_SUFFIX = {"mamba": "mamba", "linear_attention": "linear_attn"}
-
-
-def _layers(fields: Mapping[str, Any], name: str) -> tuple[ModelLayer, ...]:
-    if fields.get("is_encoder_decoder"):
-        count = _require_int(fields, name, "decoder_layers")
-        layers = []
-        for i in range(count):
-            prefix = f"model.decoder.layers.{i}"
-            layers.append(ModelLayer(name=f"{prefix}.self_attn", index=i, kind="full_attention"))
-            layers.append(
-                ModelLayer(name=f"{prefix}.encoder_attn", index=i, kind="cross_attention")
-            )
-        return tuple(layers)
-    return tuple(
-        ModelLayer(
-            name=f"model.layers.{i}.{_LAYER_SUFFIX.get(kind, 'self_attn')}", index=i, kind=kind
+            raise UnknownSpecError(msg)
+        return fields.decoder_layers(kinds)
+    plugin, layers = answer
+    if not isinstance(layers, list | tuple) or not all(
+        isinstance(layer, ModelLayer) for layer in layers
+    ):
+        msg = (
+            f"plugin {plugin!r}: kvcore_model_layers must return a list of kvcore.ModelLayer "
+            f"or None, got {layers!r}"
         )
-        for i, kind in enumerate(_decoder_kinds(fields, name))
-    )
+        raise HookImplementationError(msg)
+    names = [layer.name for layer in layers]
+    if len(set(names)) != len(names):
+        msg = f"plugin {plugin!r}: kvcore_model_layers named two layers alike: {names}"
+        raise HookImplementationError(msg)
+    return tuple(layers)
 
 
-def load_model_config(model: str | Path) -> ModelConfig:
+def load_model_config(model: str | Path, registry: Registry | None = None) -> ModelConfig:
     """Read a model's config: a shipped model name or a path to a ``config.json``.
+
+    Which layers hold a cache, and of which kind, comes from the selected
+    plugins (:func:`~kvcore.hookspecs.kvcore_model_layers`), else from the
+    config's ``layer_types``.
 
     Args:
         model: A name from :func:`list_models` (``"gemma-3-27b"``), a
             ``config.json`` path, or a directory holding one.
+        registry: The plugins that recognize the layers; default
+            :func:`kvcore.load_registry`.
 
     Raises:
         InvalidConfigError: unknown name (the message lists the shipped
-            ones), unreadable file, or a config lacking a field kvcore needs
-            (named).
+            ones); a file that cannot be read, is not UTF-8, is not JSON or
+            nests too deeply; a field kvcore needs that is missing or is not a
+            positive integer (a word, a fraction, zero); a model without any
+            cache-holding layer. Every message names the file and the field.
+        UnknownSpecError: no selected plugin recognizes the layers of a
+            config without ``layer_types``.
     """
+    if registry is None:
+        from kvcore._plugin_loader import load_registry  # the loader imports planning
+
+        registry = load_registry()
     name, path = _locate(model)
-    fields = _merged_fields(_read_json(path, repr(os.fspath(model))))
+    config = _merged_fields(_read_json(path, repr(os.fspath(model))))
+    module_names = {
+        kind_name: claim.record.module_name
+        for kind_name, claim in registry.claims("kvcore_layer_kinds").items()
+    }
+    fields = ModelFields(name=name, source=str(path), config=config, module_names=module_names)
     try:
-        dtype = dtype_name(fields.get("torch_dtype") or fields.get("dtype") or "bfloat16")
+        dtype = dtype_name(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     except ValueError as exc:
-        msg = f"model {name!r}: torch_dtype: {exc}"
+        msg = f"{fields._where()}: torch_dtype: {exc}; fix torch_dtype in the config.json"
         raise InvalidConfigError(msg) from None
-    encoder_decoder = bool(fields.get("is_encoder_decoder"))
+    layers = _canonical_layers(_model_layers(fields, registry), registry, fields._where())
+    if not layers:
+        msg = (
+            f"{fields._where()}: the config describes no cache-holding layer (check "
+            "num_hidden_layers and layer_types); there is no KV cache to plan"
+        )
+        raise InvalidConfigError(msg)
+    encoder_tokens = (
+        fields.require_int("max_source_positions") if config.get("is_encoder_decoder") else 0
+    )
     return ModelConfig(
         name=name,
         source=str(path),
-        config=MappingProxyType(fields),
-        layers=_layers(fields, name),
-        max_model_len=_require_int(fields, name, "max_position_embeddings", "max_target_positions"),
-        max_num_encoder_tokens=_require_int(fields, name, "max_source_positions")
-        if encoder_decoder
-        else 0,
+        config=MappingProxyType(config),
+        layers=layers,
+        max_model_len=fields.require_int("max_position_embeddings", "max_target_positions"),
+        max_num_encoder_tokens=encoder_tokens,
         dtype=dtype,
     )
 
 
-def _plugin_object(module: str) -> object:
-    """The object a plugin's entry point names (``package.module`` or ``module:attr``)."""
-    module_name, _, attribute = module.partition(":")
-    target: object = importlib.import_module(module_name)
-    for part in filter(None, attribute.split(".")):
-        target = getattr(target, part)
-    return target
-
-
-def layer_kind_builders(registry: Registry) -> dict[str, tuple[str, LayerBuilder]]:
-    """Layer kind → (plugin name, builder), from the registry's plugins.
-
-    Each selected plugin's :func:`~kvcore.hookspecs.kvcore_layer_kinds` is
-    called once.
-
-    Raises:
-        PluginConflictError: two plugins claim one kind.
-        HookImplementationError: a plugin returns something other than a
-            mapping of kind names to callables.
-    """
-    manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
-    manager.add_hookspecs(hookspecs)
-    builders: dict[str, tuple[str, LayerBuilder]] = {}
-    for info in registry.plugins:
-        try:
-            plugin = _plugin_object(info.module)
-        except (ImportError, AttributeError):
-            continue  # an in-process plugin object: it cannot claim kinds
-        if not hasattr(plugin, "kvcore_layer_kinds"):
-            continue
-        manager.register(plugin, name=info.name)
-        call = manager.subset_hook_caller(
-            "kvcore_layer_kinds",
-            remove_plugins=[p for p in manager.get_plugins() if p is not plugin],
-        )
-        for claimed in call():
-            if not isinstance(claimed, Mapping) or not all(
-                isinstance(k, str) and callable(v) for k, v in claimed.items()
-            ):
-                msg = (
-                    f"plugin {info.name!r}: kvcore_layer_kinds must return a mapping of kind "
-                    f"names to builder callables, got {claimed!r}"
-                )
-                raise HookImplementationError(msg)
-            for kind, builder in claimed.items():
-                if kind in builders:
-                    msg = (
-                        f"layer kind {kind!r} is claimed by plugin {builders[kind][0]!r} and by "
-                        f"plugin {info.name!r}; disable one of the two plugins"
-                    )
-                    raise PluginConflictError(msg)
-                builders[kind] = (info.name, builder)
-    return builders
+def _kinds_claimed(registry: Registry) -> str:
+    described = []
+    for name, claim in sorted(registry.layer_kinds.items()):
+        kind: LayerKind = claim.record
+        also = f"; also {', '.join(kind.aliases)}" if kind.aliases else ""
+        described.append(f"{name} ({claim.plugin.name}{also})")
+    return ", ".join(described) or "none"
 
 
 def build_layer_specs(
@@ -324,7 +386,7 @@ def build_layer_specs(
     block_size: int,
     dtype: str | None = None,
     max_model_len: int | None = None,
-    mamba_cache_mode: str = "align",
+    options: Mapping[str, str] | None = None,
 ) -> dict[str, KVCacheSpec]:
     """Every cache-holding layer's spec, built by the plugin claiming its kind.
 
@@ -334,48 +396,59 @@ def build_layer_specs(
         block_size: Tokens per block of attention layers.
         dtype: KV cache dtype; default the model's.
         max_model_len: Longest request planned for; default the model's.
-        mamba_cache_mode: ``"align"`` or ``"none"``, for state layers.
+        options: Plugins' plan options, ``"<plugin>.<option>"`` → value
+            (see :class:`~kvcore.PlanOption`).
 
     Raises:
         UnknownSpecError: a layer's kind is claimed by no selected plugin.
-        InvalidConfigError: a builder misses a config field.
-        HookImplementationError: a builder returns something that is not a
-            spec.
+        InvalidConfigError: a builder misses a config field, or finds one
+            malformed (naming the file and the field); an unknown plan option
+            or value.
+        InvalidSpecError: the fields make an invalid spec (naming the layer).
+        HookImplementationError: a builder raises or returns something that
+            is not a spec.
     """
-    builders = layer_kind_builders(registry)
+    option_values = registry.plan_option_values(options)
     kv_dtype = dtype_name(dtype) if dtype is not None else model.dtype
     specs: dict[str, KVCacheSpec] = {}
     for layer in model.layers:
-        entry = builders.get(layer.kind)
-        if entry is None:
-            claimed = ", ".join(f"{k} ({p})" for k, (p, _) in sorted(builders.items())) or "none"
+        claim = registry.layer_kind(layer.kind)
+        if claim is None:
             unselected = ", ".join(p.name for p in registry.unselected)
             hint = f" Installed but not selected: {unselected}." if unselected else ""
             msg = (
                 f"model {model.name!r}: layer {layer.name!r} has kind {layer.kind!r}, which no "
-                f"selected kvcore plugin recognizes. Kinds recognized: {claimed}.{hint} "
-                "Select the plugin for this kind, or install one that registers it through "
-                "the kvcore_layer_kinds hook"
+                f"selected kvcore plugin recognizes. Kinds recognized: "
+                f"{_kinds_claimed(registry)}.{hint} Select the plugin for this kind, or "
+                "install one that registers it through the kvcore_layer_kinds hook"
             )
             raise UnknownSpecError(msg)
-        plugin, builder = entry
-        spec = builder(
-            LayerConfig(
-                name=layer.name,
-                index=layer.index,
-                kind=layer.kind,
-                model=model.name,
-                config=model.config,
-                block_size=block_size,
-                dtype=kv_dtype,
-                state_dtype=model.dtype,
-                max_model_len=max_model_len or model.max_model_len,
-                mamba_cache_mode=mamba_cache_mode,
-            )
+        kind: LayerKind = claim.record
+        plugin = claim.plugin.name
+        layer_config = LayerConfig(
+            name=layer.name,
+            index=layer.index,
+            kind=kind.name,
+            model=model.name,
+            source=model.source,
+            config=model.config,
+            block_size=block_size,
+            dtype=kv_dtype,
+            state_dtype=model.dtype,
+            max_model_len=max_model_len or model.max_model_len,
+            options=option_values.get(plugin, {}),
         )
+        where = f"the builder of layer kind {kind.name!r} (from its kvcore_layer_kinds hook)"
+        try:
+            spec = call_plugin(
+                plugin, where, functools.partial(kind.build, layer_config), pass_kvcore_errors=True
+            )
+        except InvalidSpecError as exc:
+            msg = f"{layer_config._where()}: {exc}"
+            raise InvalidSpecError(msg) from exc
         if not isinstance(spec, KVCacheSpec):
             msg = (
-                f"plugin {plugin!r}: the builder of layer kind {layer.kind!r} returned "
+                f"plugin {plugin!r}: the builder of layer kind {kind.name!r} returned "
                 f"{spec!r}, not a kvcore.specs.KVCacheSpec"
             )
             raise HookImplementationError(msg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -331,7 +332,7 @@ def plan(
     num_blocks: int | None = None,
     layout: KVCacheLayout = "layer_outer",
     hybrid: bool = True,
-    mamba_cache_mode: str = "align",
+    options: Mapping[str, str] | None = None,
 ) -> KVCachePlan:
     """Plan the KV cache of a model in an amount of memory.
 
@@ -363,10 +364,10 @@ def plan(
         num_blocks: Use this many blocks instead of what ``memory`` holds.
         layout: ``"layer_outer"`` or ``"block_outer"`` (pages of different
             sizes packed side by side instead of unified).
-        hybrid: ``False``: allocate sliding-window and chunked layers as full
-            attention (engines without the hybrid manager).
-        mamba_cache_mode: ``"align"`` (states cached at block boundaries, for
-            prefix caching) or ``"none"`` (one state per request).
+        hybrid: ``False``: allocate the layers of local types for every
+            token, in one block table (engines without the hybrid manager).
+        options: Plugins' plan options, ``"<plugin>.<option>"`` → value
+            (``{"mamba.cache_mode": "none"}``); ``kvcore plugins`` lists them.
 
     Returns:
         The plan; ``plan.kv_cache_config`` and ``plan.max_model_len`` build a
@@ -374,22 +375,23 @@ def plan(
 
     Raises:
         InvalidConfigError: unknown model (the message lists the shipped
-            ones), bad option, or layers that cannot be grouped.
+            ones), a malformed config (naming the file and the field), bad
+            option (a plan option no selected plugin declares, or a value it
+            does not accept), or layers that cannot be grouped.
         InsufficientMemoryError: (an ``InvalidConfigError``) the memory cannot
             hold one request of ``max_model_len`` tokens (or, when fitting, of
             one token); the message states the memory needed.
         UnknownSpecError: a layer kind, or a group's spec, is served by no
             selected plugin.
     """
-    cfg = model if isinstance(model, ModelConfig) else load_model_config(model)
+    registry = load_registry() if registry is None else registry
+    cfg = model if isinstance(model, ModelConfig) else load_model_config(model, registry)
     if group_size_rule not in GROUP_SIZE_RULES:
         msg = (
             f"group_size_rule must be one of {', '.join(GROUP_SIZE_RULES)}, got {group_size_rule!r}"
         )
         raise InvalidConfigError(msg)
-    if mamba_cache_mode not in ("align", "none"):
-        msg = f"mamba_cache_mode must be 'align' or 'none', got {mamba_cache_mode!r}"
-        raise InvalidConfigError(msg)
+    registry.plan_option_values(options)  # an unknown option fails before anything is built
     memory_bytes = parse_memory(memory)
     block = _positive("block_size", DEFAULT_BLOCK_SIZE if block_size is None else block_size)
     length = _positive(
@@ -409,7 +411,6 @@ def plan(
         except ValueError as exc:
             msg = f"dtype: {exc}"
             raise InvalidConfigError(msg) from None
-    registry = load_registry() if registry is None else registry
     limits = TokenLimits(
         max_model_len=length,
         max_num_batched_tokens=batched,
@@ -422,7 +423,7 @@ def plan(
         block_size=block,
         dtype=dtype,
         max_model_len=length,
-        mamba_cache_mode=mamba_cache_mode,
+        options=options,
     )
     aligned = align_state_pages(layer_specs)
 

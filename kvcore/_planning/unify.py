@@ -6,8 +6,9 @@ Three transformations, each asking the spec classes what their type allows:
   (:meth:`~kvcore.specs.KVCacheSpec.grown_to_page`: attention scales its block
   size by a whole ratio or pads, a state pads, MLA refuses to pad).
 * :func:`promote_local_layers` is the unified mode of engines that disable the
-  hybrid manager: sliding-window and chunked layers are allocated as full
-  attention (:meth:`~kvcore.specs.KVCacheSpec.as_full_attention`).
+  hybrid manager: layers of local types are allocated for every token, as the
+  spec class their type names in :attr:`~kvcore.specs.KVCacheSpec.promoted_to`
+  (through its :meth:`~kvcore.specs.KVCacheSpec.allocating_for`).
 * :func:`full_allocation_fallback` is tried when pages cannot be unified: the
   same promotion, limited to the layers and cases the reference engine allows.
 """
@@ -111,39 +112,37 @@ def unify_page_sizes(layer_specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCach
 
 
 def _promote(layer_specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
-    """Allocate local layers as full attention when the model has full-attention layers."""
+    """Allocate local layers for every token when the model has layers that keep every token."""
     specs = dict(layer_specs)
     values = list(specs.values())
     if is_uniform_spec(values) or is_uniform_type(values):
         return specs
-    has_full = any(spec.attends_to_all_tokens for spec in values)
-    local = {
-        name: spec
-        for name, spec in specs.items()
-        if spec.as_full_attention(spec.block_size) is not None
-    }
-    if has_full and local:
-        full_block_sizes = {spec.block_size for spec in values if spec.attends_to_all_tokens}
-        common = next(iter(full_block_sizes)) if len(full_block_sizes) == 1 else None
+    keeps_all = any(spec.attends_to_all_tokens for spec in values)
+    local = {name: spec for name, spec in specs.items() if spec.promoted_to is not None}
+    if keeps_all and local:
+        all_block_sizes = {spec.block_size for spec in values if spec.attends_to_all_tokens}
+        common = next(iter(all_block_sizes)) if len(all_block_sizes) == 1 else None
         for name, spec in local.items():
-            promoted = spec.as_full_attention(common or spec.block_size)
-            if promoted is not None:
-                specs[name] = promoted
+            host = spec.promoted_to
+            assert host is not None
+            specs[name] = host.allocating_for(spec, common or spec.block_size)
     return specs
 
 
 def promote_local_layers(layer_specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
-    """The unified mode: every local layer allocated as full attention.
+    """The unified mode: every local layer allocated for every token.
 
     For engines that disable the hybrid manager (one block table for all
-    layers). When the model mixes full-attention and local layers, each local
-    layer's spec becomes its full-attention form, keeping its window or chunk
-    for compute, with the full-attention layers' block size if they agree on
-    one. Memory savings of windows are lost; windowed compute is kept.
+    layers). When the model mixes layers that keep every token with layers
+    of local types (those naming a :attr:`~kvcore.specs.KVCacheSpec.promoted_to`
+    class), each local layer's spec becomes that class's, recording the
+    local spec for compute, with the block size of the layers keeping every
+    token if they agree on one. Memory savings of windows are lost; windowed
+    compute is kept.
 
     Raises:
         InvalidConfigError: the promoted layers still cannot share one block
-            table (no full-attention layer, or several types left).
+            table (no layer keeps every token, or several types are left).
     """
     promoted = _promote(layer_specs)
     values = list(promoted.values())
@@ -151,9 +150,9 @@ def promote_local_layers(layer_specs: Mapping[str, KVCacheSpec]) -> dict[str, KV
         kinds = sorted({spec.kind for spec in values})
         msg = (
             "the hybrid KV cache manager is disabled, but the layers "
-            f"({', '.join(kinds)}) cannot be allocated as one type: only sliding-window "
-            "and chunked layers of a model with full-attention layers can be promoted "
-            "to full attention. Enable the hybrid manager (hybrid=True)"
+            f"({', '.join(kinds)}) cannot be allocated as one type: only layers of local "
+            "types (promoted_to) in a model with layers that keep every token can be "
+            "allocated for every token. Enable the hybrid manager (hybrid=True)"
         )
         raise InvalidConfigError(msg)
     return promoted
@@ -164,11 +163,11 @@ def full_allocation_fallback(
 ) -> tuple[list[str], list[KVCacheSpec]] | None:
     """The allocation-only fallback for pages that cannot be unified, if it applies.
 
-    Applies only when a layer type that enables it is present (MLA), a
-    promotable local type is present (sliding window) and no type blocks it
-    (chunked local, hidden-state layers): the local layers are then allocated
-    as full attention, and if all layers need the same token slots they form
-    one group. Compute stays windowed.
+    Applies only when a layer type that enables it is present, a promotable
+    local type is present and no type blocks it (see
+    :data:`~kvcore.specs.FallbackRole`): the local layers are then allocated
+    for every token, and if all layers need the same token slots they form
+    one group. Compute stays local.
 
     Returns:
         The layer names and their promoted specs (one group), or ``None``.

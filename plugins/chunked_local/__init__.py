@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.chunked_local.manager import ChunkedLocalAttentionManager
-from kvcore_plugins.chunked_local.model_config import kvcore_layer_kinds as kvcore_layer_kinds
+from kvcore_plugins.chunked_local.model_config import kvcore_layer_kinds, kvcore_model_layers
 from kvcore_plugins.chunked_local.spec import ChunkedLocalAttentionSpec
 
 if TYPE_CHECKING:
@@ -31,6 +31,8 @@ __all__ = [
     "ChunkedLocalAttentionSpec",
     "kvcore_layer_types",
     "kvcore_reference_kernels",
+    "kvcore_layer_kinds",
+    "kvcore_model_layers",
 ]
 
 

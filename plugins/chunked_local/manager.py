@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from typing import ClassVar
 
 from kvcore.errors import InvalidConfigError
-from kvcore.managers import NULL_BLOCK, BlockPool, SingleTypeManager
+from kvcore.managers import NULL_BLOCK, HitQuery, SingleTypeManager
 from kvcore_plugins.chunked_local.spec import ChunkedLocalAttentionSpec
 
 __all__ = ["ChunkedLocalAttentionManager"]
@@ -20,6 +20,8 @@ class ChunkedLocalAttentionManager(SingleTypeManager[ChunkedLocalAttentionSpec])
     freed and replaced by the null block, and a cache hit counts everything
     before the chunk of its last token as computed without looking it up.
     """
+
+    frees_skipped_blocks: ClassVar[bool] = True
 
     @classmethod
     def validate_config(
@@ -61,14 +63,7 @@ class ChunkedLocalAttentionManager(SingleTypeManager[ChunkedLocalAttentionSpec])
 
     @classmethod
     def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[Hashable],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: ChunkedLocalAttentionSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
+        cls, query: HitQuery[ChunkedLocalAttentionSpec]
     ) -> tuple[list[int], ...]:
         """Null blocks up to the start of the last chunk, then cached blocks left to right.
 
@@ -84,11 +79,12 @@ class ChunkedLocalAttentionManager(SingleTypeManager[ChunkedLocalAttentionSpec])
         ``use_eagle`` and ``alignment_tokens`` are checked when the manager is
         configured (:meth:`validate_config`), never here.
         """
-        block_size = kv_cache_spec.block_size
-        chunk = kv_cache_spec.attention_chunk_size
+        max_length = query.max_length
+        block_size = query.spec.block_size
+        chunk = query.spec.attention_chunk_size
         first = (max_length // chunk) * chunk // block_size if max_length > 0 else 0
-        hits = block_pool.match_prefix(
-            block_hashes, first, max_length // block_size, kv_cache_group_ids
+        hits = query.cache.match_prefix(
+            query.block_hashes, first, max_length // block_size, query.kv_cache_group_ids
         )
         return tuple([NULL_BLOCK] * first + blocks for blocks in hits)
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import ClassVar
 
 import attrs
 
 from kvcore.errors import InvalidSpecError
-from kvcore.specs import AttentionSpec, FallbackRole, TokenLimits, cdiv, positive_int
+from kvcore.specs import AttentionSpec, FallbackRole, KVCacheSpec, TokenLimits, cdiv, positive_int
 from kvcore_plugins.full_attention import FullAttentionSpec
 
 __all__ = ["ChunkedLocalAttentionSpec"]
@@ -19,7 +18,9 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
     """A layer whose tokens attend only to tokens of their own fixed-size chunk.
 
     Tokens ``[k·C, (k+1)·C)`` form chunk ``k``; a token sees the earlier
-    tokens of its chunk and nothing before it.
+    tokens of its chunk and nothing before it. Layers with different chunk
+    sizes never share a block table (the default
+    :attr:`~kvcore.specs.KVCacheSpec.uniform_type_key` includes the chunk).
 
     Attributes:
         attention_chunk_size: ``C``, in tokens; a multiple of ``block_size``
@@ -27,7 +28,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
             chunks are then dropped whole).
     """
 
-    kind: ClassVar[str] = "chunked_local_attention"
+    kind: ClassVar[str] = "chunked_local"
 
     attention_chunk_size: int = attrs.field(validator=positive_int)
 
@@ -46,16 +47,12 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         num_tokens = min(self.attention_chunk_size + limits.batched_tokens, limits.max_model_len)
         return cdiv(num_tokens, self.block_size) * self.page_size_bytes
 
-    # The reference engine never promotes chunked layers to make pages fit.
+    def tokens_read(self, position: int) -> tuple[range, ...]:
+        """The tokens of ``position``'s chunk before it."""
+        chunk = self.attention_chunk_size
+        return (range(position // chunk * chunk, position),)
+
+    # The reference engine never promotes chunked layers to make pages fit,
+    # but engines without the hybrid manager allocate them as full attention.
     full_allocation_fallback: ClassVar[FallbackRole] = "blocks"
-
-    @property
-    def uniform_type_key(self) -> Hashable:
-        """Layers share token slots only with the same chunk size."""
-        return (type(self), self.attention_chunk_size)
-
-    def as_full_attention(self, block_size: int) -> FullAttentionSpec:
-        """Full attention recording this chunk size; a padded page keeps its padding."""
-        return FullAttentionSpec.allocating_for(
-            self, block_size, attention_chunk_size=self.attention_chunk_size
-        )
+    promoted_to: ClassVar[type[KVCacheSpec] | None] = FullAttentionSpec

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.cross_attention.manager import CrossAttentionManager
-from kvcore_plugins.cross_attention.model_config import kvcore_layer_kinds as kvcore_layer_kinds
+from kvcore_plugins.cross_attention.model_config import kvcore_layer_kinds, kvcore_model_layers
 from kvcore_plugins.cross_attention.spec import CrossAttentionSpec
 
 if TYPE_CHECKING:
@@ -30,6 +30,8 @@ __all__ = [
     "CrossAttentionSpec",
     "kvcore_layer_types",
     "kvcore_reference_kernels",
+    "kvcore_layer_kinds",
+    "kvcore_model_layers",
 ]
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import ClassVar, NoReturn
 
 from kvcore import Request
 from kvcore.errors import PrefixCachingNotSupportedError
-from kvcore.managers import BlockPool, SingleTypeManager
+from kvcore.managers import HitQuery, SingleTypeManager
 from kvcore_plugins.cross_attention.spec import CrossAttentionSpec
 
 __all__ = ["CrossAttentionManager"]
@@ -33,16 +33,7 @@ class CrossAttentionManager(SingleTypeManager[CrossAttentionSpec]):
     allocates_for_encoder: ClassVar[bool] = True
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[Hashable],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: CrossAttentionSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-    ) -> NoReturn:
+    def find_longest_cache_hit(cls, query: HitQuery[CrossAttentionSpec]) -> NoReturn:
         """Never a hit: encoder states are unique per request.
 
         Raises:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.full_attention.manager import FullAttentionManager
-from kvcore_plugins.full_attention.model_config import kvcore_layer_kinds as kvcore_layer_kinds
+from kvcore_plugins.full_attention.model_config import kvcore_layer_kinds, kvcore_model_layers
 from kvcore_plugins.full_attention.spec import FullAttentionSpec
 
 if TYPE_CHECKING:
@@ -21,6 +21,8 @@ __all__ = [
     "FullAttentionSpec",
     "kvcore_layer_types",
     "kvcore_reference_kernels",
+    "kvcore_layer_kinds",
+    "kvcore_model_layers",
 ]
 
 

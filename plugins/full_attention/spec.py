@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
 
 from kvcore.errors import InvalidSpecError
-from kvcore.specs import (
-    ALL_TOKENS_KEY,
-    AttentionSpec,
-    KVCacheSpec,
-    TokenLimits,
-    optional_positive_int,
-)
+from kvcore.specs import ALL_TOKENS_KEY, AttentionSpec, KVCacheSpec, TokenLimits
 
 __all__ = ["FullAttentionSpec"]
+
+
+def _check_compute_spec(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not isinstance(value, KVCacheSpec):
+        msg = f"FullAttentionSpec.compute_spec must be a kvcore spec or None, got {value!r}"
+        raise InvalidSpecError(msg)
 
 
 @attrs.frozen(kw_only=True)
@@ -24,34 +24,36 @@ class FullAttentionSpec(AttentionSpec):
     """A layer that attends to the whole context: one page per block of the request.
 
     Attributes:
-        sliding_window: Set only when a sliding-window layer is *allocated* as
-            full attention (an engine that does not manage windows): the layer
-            still computes windowed attention, but keeps every block.
-        attention_chunk_size: Likewise, for a chunked local attention layer
-            allocated as full attention.
+        compute_spec: Set only when planning allocates a layer of a local type
+            (a sliding window, a chunk) as full attention, for an engine that
+            does not manage windows: the layer's own spec, which it still
+            computes attention with, while it keeps every block. ``None``: the
+            layer computes full attention.
     """
 
     kind: ClassVar[str] = "full_attention"
 
-    sliding_window: int | None = attrs.field(default=None, validator=optional_positive_int)
-    attention_chunk_size: int | None = attrs.field(default=None, validator=optional_positive_int)
+    compute_spec: KVCacheSpec | None = attrs.field(default=None, validator=_check_compute_spec)
 
     @classmethod
-    def allocating_for(
-        cls,
-        spec: AttentionSpec,
-        block_size: int,
-        *,
-        sliding_window: int | None = None,
-        attention_chunk_size: int | None = None,
-    ) -> FullAttentionSpec:
-        """Full attention with ``spec``'s shape, to allocate a windowed layer's every token.
+    def allocating_for(cls, spec: KVCacheSpec, block_size: int) -> FullAttentionSpec:
+        """Full attention with ``spec``'s shape, to allocate a local layer's every token.
 
-        The layer keeps computing windowed attention (the window or chunk size
-        is recorded); only its allocation becomes that of full attention. A
-        padded page stays padded: to its old size, or to the natural page at
-        ``block_size`` if that is larger.
+        The layer keeps computing its own attention (``spec`` is recorded as
+        :attr:`compute_spec`); only its allocation becomes that of full
+        attention. A padded page stays padded: to its old size, or to the
+        natural page at ``block_size`` if that is larger.
+
+        Raises:
+            InvalidSpecError: ``spec`` does not store keys and values per token
+                (it is not an :class:`~kvcore.specs.AttentionSpec`).
         """
+        if not isinstance(spec, AttentionSpec):
+            msg = (
+                f"FullAttentionSpec.allocating_for: a {type(spec).__name__} layer stores no "
+                "keys and values per token and cannot be allocated as full attention"
+            )
+            raise InvalidSpecError(msg)
         padded = spec.page_size_padded
         if padded is not None:
             padded = max(padded, spec.bytes_per_token * block_size)
@@ -62,8 +64,7 @@ class FullAttentionSpec(AttentionSpec):
             head_size_v=spec.head_size_v,
             dtype=spec.dtype,
             page_size_padded=padded,
-            sliding_window=sliding_window,
-            attention_chunk_size=attention_chunk_size,
+            compute_spec=spec,
         )
 
     def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
@@ -79,58 +80,44 @@ class FullAttentionSpec(AttentionSpec):
 
     @classmethod
     def merge(cls, specs: Sequence[KVCacheSpec]) -> FullAttentionSpec:
-        """Merge full-attention layers that differ only in a recorded window or chunk.
+        """Merge full-attention layers that differ only in the attention they compute.
 
-        A layer allocated as full attention may record the window (or chunk)
-        it computes with; layers with and without one share a group, and the
-        merged spec records the one window. Everything else must be equal.
+        A layer allocated as full attention may record the local attention it
+        computes (:attr:`compute_spec`); layers with and without one share a
+        group, and the merged spec records the one local attention. Everything
+        else must be equal.
 
         Raises:
             InvalidSpecError: a spec is not a ``FullAttentionSpec``, two
-                different windows (or chunk sizes) are recorded, both a window
-                and a chunk size are, or another field differs.
+                different local attentions are recorded, or another field
+                differs.
         """
         if not specs:
             msg = "FullAttentionSpec.merge needs at least one spec"
             raise InvalidSpecError(msg)
+        full: list[FullAttentionSpec] = []
         for spec in specs:
-            if type(spec) is not cls:
+            if type(spec) is not cls or not isinstance(spec, FullAttentionSpec):
                 msg = (
                     f"FullAttentionSpec.merge: a {type(spec).__name__} layer cannot share a "
                     "group with full-attention layers"
                 )
                 raise InvalidSpecError(msg)
-        full = [spec for spec in specs if isinstance(spec, FullAttentionSpec)]
-        windows = {spec.sliding_window for spec in full} - {None}
-        chunks = {spec.attention_chunk_size for spec in full} - {None}
-        for label, values in (("sliding windows", windows), ("attention chunk sizes", chunks)):
-            if len(values) > 1:
-                msg = (
-                    f"FullAttentionSpec.merge: the layers record different {label} "
-                    f"{sorted(values)}; one group can record only one"
-                )
-                raise InvalidSpecError(msg)
-        merged = attrs.evolve(
-            full[0],
-            sliding_window=next(iter(windows), None),
-            attention_chunk_size=next(iter(chunks), None),
-        )
-        for spec in full:
-            aligned = attrs.evolve(
-                spec,
-                sliding_window=merged.sliding_window,
-                attention_chunk_size=merged.attention_chunk_size,
+            full.append(spec)
+        computed = {spec.compute_spec for spec in full} - {None}
+        if len(computed) > 1:
+            described = ", ".join(sorted(repr(spec) for spec in computed))
+            msg = (
+                "FullAttentionSpec.merge: the layers compute different local attentions "
+                f"({described}); one group can record only one"
             )
-            if aligned != merged:
+            raise InvalidSpecError(msg)
+        merged = attrs.evolve(full[0], compute_spec=next(iter(computed), None))
+        for spec in full:
+            if attrs.evolve(spec, compute_spec=merged.compute_spec) != merged:
                 msg = (
                     f"FullAttentionSpec.merge: layers of one KV cache group need the same "
                     f"shape, but {spec!r} differs from {full[0]!r}"
                 )
                 raise InvalidSpecError(msg)
-        if merged.sliding_window is not None and merged.attention_chunk_size is not None:
-            msg = (
-                "FullAttentionSpec.merge: the layers record both a sliding window and an "
-                "attention chunk size; a group can record only one of them"
-            )
-            raise InvalidSpecError(msg)
         return merged

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.hidden_state.manager import HiddenStateCacheManager
-from kvcore_plugins.hidden_state.model_config import kvcore_layer_kinds as kvcore_layer_kinds
+from kvcore_plugins.hidden_state.model_config import kvcore_layer_kinds
 from kvcore_plugins.hidden_state.spec import HiddenStateCacheSpec
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ __all__ = [
     "HiddenStateCacheSpec",
     "kvcore_layer_types",
     "kvcore_reference_kernels",
+    "kvcore_layer_kinds",
 ]
 
 

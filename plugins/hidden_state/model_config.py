@@ -1,8 +1,6 @@
-"""Hidden-state cache layers from a model config (kind ``"hidden_state"``)."""
+"""Hidden-state cache layers from a model config (layer kind ``"hidden_state"``)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import kvcore
 from kvcore_plugins.hidden_state.spec import HiddenStateCacheSpec
@@ -18,13 +16,13 @@ def build_hidden_state(layer: kvcore.LayerConfig) -> HiddenStateCacheSpec:
     """
     return HiddenStateCacheSpec(
         block_size=layer.block_size,
-        num_kv_heads=int(layer.get("num_hidden_state_vectors", default=1)),
-        head_size=int(layer.require("hidden_size", "d_model")),
+        num_kv_heads=layer.get_int("num_hidden_state_vectors", default=1),
+        head_size=layer.require_int("hidden_size", "d_model"),
         dtype=layer.state_dtype,
     )
 
 
 @kvcore.hookimpl
-def kvcore_layer_kinds() -> dict[str, Callable[[kvcore.LayerConfig], HiddenStateCacheSpec]]:
+def kvcore_layer_kinds() -> list[kvcore.LayerKind]:
     """Claim ``"hidden_state"`` layers (listed in a config's ``layer_types``)."""
-    return {"hidden_state": build_hidden_state}
+    return [kvcore.LayerKind("hidden_state", build_hidden_state)]

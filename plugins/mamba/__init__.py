@@ -20,7 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.mamba.manager import MambaManager
-from kvcore_plugins.mamba.model_config import kvcore_layer_kinds as kvcore_layer_kinds
+from kvcore_plugins.mamba.model_config import (
+    kvcore_layer_kinds,
+    kvcore_model_layers,
+    kvcore_plan_options,
+)
 from kvcore_plugins.mamba.spec import MambaSpec
 
 if TYPE_CHECKING:
@@ -31,6 +35,9 @@ __all__ = [
     "MambaSpec",
     "kvcore_layer_types",
     "kvcore_reference_kernels",
+    "kvcore_layer_kinds",
+    "kvcore_model_layers",
+    "kvcore_plan_options",
 ]
 
 

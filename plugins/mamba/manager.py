@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from math import gcd
 from typing import ClassVar
 
 from kvcore.errors import InvalidConfigError
-from kvcore.managers import NULL_BLOCK, BlockPool, SingleTypeManager
+from kvcore.managers import NULL_BLOCK, HitQuery, SingleTypeManager
 from kvcore_plugins.mamba.spec import MambaSpec
 
 __all__ = ["MambaManager"]
@@ -29,6 +29,8 @@ class MambaManager(SingleTypeManager[MambaSpec]):
 
     #: The state is not produced by the draft model: EAGLE never drops a block.
     eagle_drops_last_block: ClassVar[bool] = False
+    #: Every state but the latest is freed as the request advances.
+    frees_skipped_blocks: ClassVar[bool] = True
 
     @classmethod
     def is_prefix_cacheable(cls, spec: MambaSpec) -> bool:
@@ -59,16 +61,7 @@ class MambaManager(SingleTypeManager[MambaSpec]):
             raise InvalidConfigError(msg)
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[Hashable],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: MambaSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-    ) -> tuple[list[int], ...]:
+    def find_longest_cache_hit(cls, query: HitQuery[MambaSpec]) -> tuple[list[int], ...]:
         """The latest cached state at an aligned position, searched right to left.
 
         A hit of ``(i + 1) × block_size`` tokens needs only block ``i`` (the
@@ -80,11 +73,14 @@ class MambaManager(SingleTypeManager[MambaSpec]):
             Per group id, ``i`` null blocks followed by the cached state
             block, or an empty list when no aligned state is cached.
         """
-        block_size = kv_cache_spec.block_size
-        max_blocks = max_length // block_size
+        block_size = query.spec.block_size
+        max_blocks = query.max_length // block_size
+        alignment_tokens = query.alignment_tokens
+        kv_cache_group_ids = query.kv_cache_group_ids
+        block_hashes = query.block_hashes
         # Position i qualifies when (i + 1) × block_size ≡ 0 (mod alignment).
         stride = alignment_tokens // gcd(alignment_tokens, block_size)
-        get = block_pool.get_cached_block
+        get = query.cache.get_cached_block
         for i in range((max_blocks // stride) * stride - 1, -1, -stride):
             blocks = get(block_hashes[i], kv_cache_group_ids)
             if blocks is not None:

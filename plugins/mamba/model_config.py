@@ -13,26 +13,39 @@ without tensor parallelism):
     convolution state ``(kernel - 1, 2 × k_heads × k_dim + v_heads × v_dim)``
     and recurrent state ``(v_heads, k_dim, v_dim)``.
 
-States use the model's dtype. In ``"align"`` cache mode the block size is
-the attention block size (planning then raises it until an attention page
-holds a state); in ``"none"`` mode it is the model length (one state per
-request).
+States use the model's dtype. The plan option ``mamba.cache_mode``
+chooses how they are cached: ``"align"`` (the default; the block size is the
+attention block size, planning then raises it until an attention page holds
+a state, and states at block boundaries can be prefix-cached) or ``"none"``
+(the block size is the model length: one state per request, never cached).
+
+Configs without ``layer_types`` are recognized by their fields: Jamba's
+``attn_layer_period`` / ``attn_layer_offset`` (attention every period-th
+layer, Mamba-1 otherwise) and Qwen3-Next's ``full_attention_interval`` (full
+attention every interval-th layer, gated delta net otherwise).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 
 import kvcore
 from kvcore_plugins.mamba.spec import MambaSpec
 
-__all__ = ["build_gated_delta_net", "build_mamba1", "build_mamba2", "kvcore_layer_kinds"]
+__all__ = [
+    "build_gated_delta_net",
+    "build_mamba1",
+    "build_mamba2",
+    "kvcore_layer_kinds",
+    "kvcore_model_layers",
+    "kvcore_plan_options",
+]
 
 
 def _state(
     layer: kvcore.LayerConfig, shapes: tuple[tuple[int, ...], ...], mamba_type: str
 ) -> MambaSpec:
-    align = layer.mamba_cache_mode == "align"
+    align = layer.option("cache_mode") == "align"
     return MambaSpec(
         block_size=layer.block_size if align else layer.max_model_len,
         shapes=shapes,
@@ -44,19 +57,19 @@ def _state(
 
 def build_mamba1(layer: kvcore.LayerConfig) -> MambaSpec:
     """A Mamba-1 layer (Jamba): ``mamba_expand``, ``mamba_d_conv``, ``mamba_d_state``."""
-    inner = int(layer.require("mamba_expand")) * int(layer.require("hidden_size"))
-    conv = int(layer.require("mamba_d_conv"))
-    state = int(layer.require("mamba_d_state"))
+    inner = layer.require_int("mamba_expand") * layer.require_int("hidden_size")
+    conv = layer.require_int("mamba_d_conv")
+    state = layer.require_int("mamba_d_state")
     return _state(layer, ((conv - 1, inner), (inner, state)), "mamba1")
 
 
 def build_mamba2(layer: kvcore.LayerConfig) -> MambaSpec:
     """A Mamba-2 layer: ``mamba_n_heads``, ``mamba_d_head``, ``mamba_n_groups``, ..."""
-    heads = int(layer.require("mamba_n_heads"))
-    head_dim = int(layer.require("mamba_d_head"))
-    groups = int(layer.get("mamba_n_groups", "n_groups", default=1))
-    state = int(layer.require("mamba_d_state", "ssm_state_size"))
-    conv = int(layer.require("mamba_d_conv", "conv_kernel"))
+    heads = layer.require_int("mamba_n_heads")
+    head_dim = layer.require_int("mamba_d_head")
+    groups = layer.get_int("mamba_n_groups", "n_groups", default=1)
+    state = layer.require_int("mamba_d_state", "ssm_state_size")
+    conv = layer.require_int("mamba_d_conv", "conv_kernel")
     inner = heads * head_dim
     return _state(
         layer, ((conv - 1, inner + 2 * groups * state), (heads, head_dim, state)), "mamba2"
@@ -65,20 +78,56 @@ def build_mamba2(layer: kvcore.LayerConfig) -> MambaSpec:
 
 def build_gated_delta_net(layer: kvcore.LayerConfig) -> MambaSpec:
     """A gated-delta-net linear-attention layer (Qwen3-Next ``linear_*`` fields)."""
-    k_heads = int(layer.require("linear_num_key_heads"))
-    v_heads = int(layer.require("linear_num_value_heads"))
-    k_dim = int(layer.require("linear_key_head_dim"))
-    v_dim = int(layer.require("linear_value_head_dim"))
-    kernel = int(layer.require("linear_conv_kernel_dim"))
+    k_heads = layer.require_int("linear_num_key_heads")
+    v_heads = layer.require_int("linear_num_value_heads")
+    k_dim = layer.require_int("linear_key_head_dim")
+    v_dim = layer.require_int("linear_value_head_dim")
+    kernel = layer.require_int("linear_conv_kernel_dim")
     conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
     return _state(layer, ((kernel - 1, conv_dim), (v_heads, k_dim, v_dim)), "gated_delta_net")
 
 
 @kvcore.hookimpl
-def kvcore_layer_kinds() -> dict[str, Callable[[kvcore.LayerConfig], MambaSpec]]:
+def kvcore_layer_kinds() -> list[kvcore.LayerKind]:
     """Claim ``"mamba"``, ``"mamba2"`` and ``"linear_attention"`` layers."""
-    return {
-        "mamba": build_mamba1,
-        "mamba2": build_mamba2,
-        "linear_attention": build_gated_delta_net,
-    }
+    return [
+        kvcore.LayerKind("mamba", build_mamba1, module_name="mamba"),
+        kvcore.LayerKind("mamba2", build_mamba2),
+        kvcore.LayerKind("linear_attention", build_gated_delta_net, module_name="linear_attn"),
+    ]
+
+
+@kvcore.hookimpl
+def kvcore_plan_options() -> list[kvcore.PlanOption]:
+    """``cache_mode``: how states are cached (``"align"`` or ``"none"``)."""
+    return [
+        kvcore.PlanOption(
+            name="cache_mode",
+            default="align",
+            choices=("align", "none"),
+            help="align: states cached at block boundaries (prefix caching); "
+            "none: one state per request, never cached",
+        )
+    ]
+
+
+@kvcore.hookimpl
+def kvcore_model_layers(model: kvcore.ModelFields) -> Sequence[kvcore.ModelLayer] | None:
+    """Jamba (``attn_layer_period``) and Qwen3-Next (``full_attention_interval``) layouts."""
+    if model.layer_types is not None:
+        return None
+    if model.get("attn_layer_period") is not None:
+        period = model.require_int("attn_layer_period")
+        offset = model.require_int("attn_layer_offset", minimum=0)
+        count = model.num_hidden_layers
+        kinds = ["full_attention" if i % period == offset else "mamba" for i in range(count)]
+    elif model.get("full_attention_interval") is not None:
+        interval = model.require_int("full_attention_interval")
+        count = model.num_hidden_layers
+        kinds = [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+            for i in range(count)
+        ]
+    else:
+        return None
+    return model.decoder_layers(kinds)

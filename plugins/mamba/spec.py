@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar, Literal
 
@@ -10,14 +9,12 @@ import attrs
 
 from kvcore.errors import InvalidSpecError
 from kvcore.specs import (
-    DTYPE_SIZES,
     KVCacheSpec,
     PagePart,
     TokenLimits,
     cdiv,
     dtype_name,
     non_negative_int,
-    optional_positive_int,
 )
 
 __all__ = ["MambaSpec"]
@@ -70,16 +67,15 @@ def _convert_dtypes(value: Iterable[object]) -> tuple[str, ...]:
 class MambaSpec(KVCacheSpec):
     """A recurrent state (Mamba, linear attention, ...) of fixed size per request.
 
-    The page is the state itself: the sum of its tensors' sizes, whatever the
-    block size. ``block_size`` only sets the token granularity at which states
-    can be cached: block ``i`` of a request holds the state after
-    ``(i + 1) × block_size`` tokens.
+    The page is the state itself: its tensors packed one after the other
+    (:meth:`page_parts`), whatever the block size. ``block_size`` only sets
+    the token granularity at which states can be cached: block ``i`` of a
+    request holds the state after ``(i + 1) × block_size`` tokens.
+    ``page_size_padded`` pads the page to match attention pages.
 
     Attributes:
         shapes: Shape of each state tensor (e.g. conv state and SSM state).
         dtypes: Element type of each state tensor (names or torch dtypes).
-        page_size_padded: Page size to use instead of the state size (padding
-            to match attention pages); not smaller than the state.
         mamba_type: Free-form label of the state kind (``"mamba2"``, ...).
         num_speculative_blocks: Extra state slots for speculative decoding.
         mamba_cache_mode: ``"none"``: one state per request, never
@@ -94,7 +90,6 @@ class MambaSpec(KVCacheSpec):
         converter=_convert_shapes, validator=_check_shapes
     )
     dtypes: tuple[str, ...] = attrs.field(converter=_convert_dtypes)
-    page_size_padded: int | None = attrs.field(default=None, validator=optional_positive_int)
     mamba_type: str = "mamba2"
     num_speculative_blocks: int = attrs.field(default=0, validator=non_negative_int)
     mamba_cache_mode: MambaCacheMode = attrs.field(default="none", validator=_check_cache_mode)
@@ -106,27 +101,7 @@ class MambaSpec(KVCacheSpec):
                 "shapes; give one dtype per state tensor"
             )
             raise InvalidSpecError(msg)
-        if self.page_size_padded is not None and self.page_size_padded < self.real_page_size_bytes:
-            msg = (
-                f"MambaSpec.page_size_padded ({self.page_size_padded} bytes) is smaller than "
-                f"the state ({self.real_page_size_bytes} bytes)"
-            )
-            raise InvalidSpecError(msg)
-
-    @property
-    def real_page_size_bytes(self) -> int:
-        """Bytes of the state tensors, unpadded."""
-        return sum(
-            math.prod(shape) * DTYPE_SIZES[dtype]
-            for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
-        )
-
-    @property
-    def page_size_bytes(self) -> int:
-        """Bytes of one state slot (padded if padding is set)."""
-        if self.page_size_padded is not None:
-            return self.page_size_padded
-        return self.real_page_size_bytes
+        super().__attrs_post_init__()
 
     def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
         """The state slots one request can hold at once.
@@ -146,7 +121,17 @@ class MambaSpec(KVCacheSpec):
             slots += self.num_speculative_blocks
         return slots * self.page_size_bytes
 
+    def tokens_read(self, position: int) -> tuple[range, ...]:
+        """The state after the token before ``position`` (held by that token's block)."""
+        return (range(position - 1, position),) if position > 0 else ()
+
     page_size_follows_block_size: ClassVar[bool] = False
+
+    def aligned_to_attention_block_size(self, block_size: int) -> MambaSpec:
+        """In ``"align"`` mode states are cached per attention block: follow it; else unchanged."""
+        if self.mamba_cache_mode == "align":
+            return attrs.evolve(self, block_size=block_size)
+        return self
 
     @property
     def uniform_type_key(self) -> Hashable:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.mla.manager import MLAAttentionManager
-from kvcore_plugins.mla.model_config import kvcore_layer_kinds as kvcore_layer_kinds
+from kvcore_plugins.mla.model_config import kvcore_layer_kinds, kvcore_model_layers
 from kvcore_plugins.mla.spec import CACHE_DTYPE_BYTES_PER_TOKEN, MLAAttentionSpec
 
 if TYPE_CHECKING:
@@ -29,6 +29,8 @@ __all__ = [
     "MLAAttentionSpec",
     "kvcore_layer_types",
     "kvcore_reference_kernels",
+    "kvcore_layer_kinds",
+    "kvcore_model_layers",
 ]
 
 

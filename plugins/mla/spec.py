@@ -41,7 +41,10 @@ class MLAAttentionSpec(AttentionSpec):
             ``dtype`` elements.
     """
 
-    kind: ClassVar[str] = "mla_attention"
+    kind: ClassVar[str] = "mla"
+    page_only_fields: ClassVar[frozenset[str]] = AttentionSpec.page_only_fields | {
+        "cache_dtype_str"
+    }
 
     num_kv_heads: int = attrs.field(default=1, validator=positive_int)
     head_size_v: int = attrs.field(default=0, validator=non_negative_int)
@@ -59,13 +62,6 @@ class MLAAttentionSpec(AttentionSpec):
             )
             raise InvalidSpecError(msg)
         super().__attrs_post_init__()
-
-    @property
-    def bytes_per_token(self) -> int:
-        """The packed record size, or ``heads × (head_size + head_size_v) × dtype``."""
-        if self.cache_dtype_str is not None:
-            return CACHE_DTYPE_BYTES_PER_TOKEN[self.cache_dtype_str]
-        return super().bytes_per_token
 
     def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
         """One page per block of a ``max_model_len``-token request."""
@@ -101,7 +97,7 @@ class MLAAttentionSpec(AttentionSpec):
     def page_parts(self) -> tuple[PagePart, ...]:
         """The latent rows, ``(block_size, heads, head_size)``; packed formats as raw bytes."""
         if self.cache_dtype_str is not None:
-            shape = (self.block_size, self.bytes_per_token)
+            shape = (self.block_size, CACHE_DTYPE_BYTES_PER_TOKEN[self.cache_dtype_str])
             return (PagePart(name="latent", offset=0, shape=shape, dtype="uint8"),)
         shape = (self.block_size, self.num_kv_heads, self.head_size + self.head_size_v)
         return (PagePart(name="latent", offset=0, shape=shape, dtype=self.dtype),)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.sink_full_attention.manager import SinkFullAttentionManager
-from kvcore_plugins.sink_full_attention.model_config import kvcore_layer_kinds as kvcore_layer_kinds
+from kvcore_plugins.sink_full_attention.model_config import kvcore_layer_kinds
 from kvcore_plugins.sink_full_attention.spec import SinkFullAttentionSpec
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ __all__ = [
     "SinkFullAttentionSpec",
     "kvcore_layer_types",
     "kvcore_reference_kernels",
+    "kvcore_layer_kinds",
 ]
 
 

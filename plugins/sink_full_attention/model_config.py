@@ -1,8 +1,6 @@
-"""Full attention with sink tokens from a model config (kind ``"sink_full_attention"``)."""
+"""Full attention with sink tokens from a model config (layer kind ``"sink_full_attention"``)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import kvcore
 from kvcore_plugins.sink_full_attention.spec import SinkFullAttentionSpec
@@ -17,11 +15,11 @@ def build_sink_full_attention(layer: kvcore.LayerConfig) -> SinkFullAttentionSpe
         num_kv_heads=layer.num_kv_heads,
         head_size=layer.head_size,
         dtype=layer.dtype,
-        sink_len=int(layer.require("sink_len")),
+        sink_len=layer.require_int("sink_len"),
     )
 
 
 @kvcore.hookimpl
-def kvcore_layer_kinds() -> dict[str, Callable[[kvcore.LayerConfig], SinkFullAttentionSpec]]:
+def kvcore_layer_kinds() -> list[kvcore.LayerKind]:
     """Claim ``"sink_full_attention"`` layers."""
-    return {"sink_full_attention": build_sink_full_attention}
+    return [kvcore.LayerKind("sink_full_attention", build_sink_full_attention)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import ClassVar
 
 import attrs
@@ -47,9 +46,6 @@ class SinkFullAttentionSpec(AttentionSpec):
         """One page per block of a ``max_model_len``-token request (sinks excluded)."""
         return self.pages_for_tokens(limits.max_model_len) * self.page_size_bytes
 
+    # Not ALL_TOKENS_KEY: a group's spec decides whether sinks are reserved, so
+    # these layers keep their own tables (the default key includes sink_len).
     attends_to_all_tokens: ClassVar[bool] = True
-
-    @property
-    def uniform_type_key(self) -> Hashable:
-        """Not shared with full attention: a group's spec decides whether sinks are reserved."""
-        return (type(self), self.sink_len)

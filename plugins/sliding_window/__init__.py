@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import kvcore
 from kvcore_plugins.sliding_window.manager import SlidingWindowManager, contiguous_blocks_needed
-from kvcore_plugins.sliding_window.model_config import kvcore_layer_kinds as kvcore_layer_kinds
+from kvcore_plugins.sliding_window.model_config import kvcore_layer_kinds, kvcore_model_layers
 from kvcore_plugins.sliding_window.spec import SlidingWindowSpec
 
 if TYPE_CHECKING:
@@ -33,6 +33,8 @@ __all__ = [
     "contiguous_blocks_needed",
     "kvcore_layer_types",
     "kvcore_reference_kernels",
+    "kvcore_layer_kinds",
+    "kvcore_model_layers",
 ]
 
 

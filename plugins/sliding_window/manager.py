@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
 from math import gcd
+from typing import ClassVar
 
-from kvcore.managers import NULL_BLOCK, BlockPool, SingleTypeManager
+from kvcore.managers import NULL_BLOCK, HitQuery, SingleTypeManager
 from kvcore.specs import cdiv
 from kvcore_plugins.sliding_window.spec import SlidingWindowSpec
 
@@ -37,17 +37,10 @@ class SlidingWindowManager(SingleTypeManager[SlidingWindowSpec]):
     :func:`contiguous_blocks_needed` cached blocks.
     """
 
+    frees_skipped_blocks: ClassVar[bool] = True
+
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[Hashable],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: SlidingWindowSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-    ) -> tuple[list[int], ...]:
+    def find_longest_cache_hit(cls, query: HitQuery[SlidingWindowSpec]) -> tuple[list[int], ...]:
         """The longest hit whose window blocks are cached, searched right to left.
 
         A hit of ``k`` blocks is valid when blocks ``[k - needed, k)`` are all
@@ -69,8 +62,13 @@ class SlidingWindowManager(SingleTypeManager[SlidingWindowSpec]):
             Per group id, a list of null blocks followed by the run's cached
             blocks.
         """
+        kv_cache_spec = query.spec
+        kv_cache_group_ids = query.kv_cache_group_ids
+        block_hashes = query.block_hashes
+        alignment_tokens = query.alignment_tokens
+        use_eagle = query.use_eagle
         block_size = kv_cache_spec.block_size
-        max_blocks = max_length // block_size
+        max_blocks = query.max_length // block_size
         if max_blocks <= 0:
             return tuple([] for _ in kv_cache_group_ids)
         drop = 1 if use_eagle else 0
@@ -81,7 +79,7 @@ class SlidingWindowManager(SingleTypeManager[SlidingWindowSpec]):
         # drop) is aligned: (r + 1 - drop) × block_size ≡ 0 (mod alignment).
         stride = alignment_tokens // gcd(alignment_tokens, block_size)
         phase = (drop - 1) % stride
-        get = block_pool.get_cached_block
+        get = query.cache.get_cached_block
         found: dict[int, list[int]] = {}
         # [known_lo, known_hi]: blocks known to be cached (empty when lo > hi).
         known_lo, known_hi = 0, -1

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import ClassVar
 
 import attrs
 
-from kvcore.specs import AttentionSpec, FallbackRole, TokenLimits, cdiv, positive_int
+from kvcore.specs import AttentionSpec, FallbackRole, KVCacheSpec, TokenLimits, cdiv, positive_int
 from kvcore_plugins.full_attention import FullAttentionSpec
 
 __all__ = ["SlidingWindowSpec"]
@@ -16,6 +15,9 @@ __all__ = ["SlidingWindowSpec"]
 @attrs.frozen(kw_only=True)
 class SlidingWindowSpec(AttentionSpec):
     """A layer whose tokens attend to the last ``sliding_window`` tokens only.
+
+    Layers with different windows never share a block table: the default
+    :attr:`~kvcore.specs.KVCacheSpec.uniform_type_key` includes the window.
 
     Attributes:
         sliding_window: Tokens a query attends to, itself included (>= 1).
@@ -34,15 +36,11 @@ class SlidingWindowSpec(AttentionSpec):
         num_tokens = min(self.sliding_window - 1 + limits.batched_tokens, limits.max_model_len)
         return (cdiv(num_tokens, self.block_size) + 1) * self.page_size_bytes
 
+    def tokens_read(self, position: int) -> tuple[range, ...]:
+        """The ``sliding_window - 1`` tokens before ``position`` (the query is the last)."""
+        return (range(max(0, position - self.sliding_window + 1), position),)
+
     full_allocation_fallback: ClassVar[FallbackRole] = "promotable"
-
-    @property
-    def uniform_type_key(self) -> Hashable:
-        """Layers share token slots only with the same window."""
-        return (type(self), self.sliding_window)
-
-    def as_full_attention(self, block_size: int) -> FullAttentionSpec:
-        """Full attention recording this window; a padded page keeps its padding."""
-        return FullAttentionSpec.allocating_for(
-            self, block_size, sliding_window=self.sliding_window
-        )
+    # Allocated for every token (compute unchanged) by engines without the
+    # hybrid manager: the full_attention plugin must then be selected too.
+    promoted_to: ClassVar[type[KVCacheSpec] | None] = FullAttentionSpec

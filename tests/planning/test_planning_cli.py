@@ -72,10 +72,10 @@ def test_plan_options_reach_the_planner(capsys):
     assert {tuple(g["page_sizes"]) for g in data["groups"]} == {(131_072,)}
 
 
-def test_plan_layout_hybrid_and_mamba_options(capsys):
+def test_plan_layout_hybrid_and_plugin_options(capsys):
     assert main(["plan", "gpt-oss-20b", "--no-hybrid", "--json", *ONLY]) == 0
     assert [g["kind"] for g in json.loads(capsys.readouterr().out)["groups"]] == ["full_attention"]
-    assert main(["plan", "jamba-v0.1", "--mamba-cache-mode", "none", "--json", *ONLY]) == 0
+    assert main(["plan", "jamba-v0.1", "--option", "mamba.cache_mode=none", "--json", *ONLY]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["groups"][0]["pages_per_request"] == 1
     assert main(["plan", "llama-3-8b", "--layout", "block-outer", "--json", *ONLY]) == 0
@@ -96,7 +96,10 @@ def test_list_models(capsys):
         (["llama-3-8b", "--memory", "3MiB"], "not even a 1-token request fits"),
         (["llama-3-8b", "--memory", "80G"], "ambiguous"),
         (["llama-3-8b", "--block-size", "0"], "block_size must be a positive integer"),
-        (["gemma-3-27b", "--only", "full_attention"], "kind 'sliding_attention'"),
+        (["gemma-3-27b", "--only", "full_attention"], "no selected kvcore plugin recognizes"),
+        (["jamba-v0.1", "-o", "mamba.cache_mode=all"], "'mamba.cache_mode' must be one of"),
+        (["jamba-v0.1", "-o", "mamba.cachemode=none"], "Did you mean 'mamba.cache_mode'?"),
+        (["jamba-v0.1", "-o", "cache_mode"], "write it as PLUGIN.NAME=VALUE"),
     ],
 )
 def test_bad_input_is_one_line_with_exit_status_2(capsys, argv, message):

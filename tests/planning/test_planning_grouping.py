@@ -48,7 +48,7 @@ def test_72_73_one_spec_is_one_group():
 def test_74_hybrid_disabled_allocates_the_window_as_full_attention():
     (group,) = groups_of(layers(full=1, sw=1), hybrid=False)
     assert group.layer_names == ("l1", "l2")
-    assert group.kv_cache_spec == full(sliding_window=1)
+    assert group.kv_cache_spec == full(compute_spec=sw(1))
 
 
 def test_75_full_and_sliding_window_are_two_groups():
@@ -111,17 +111,17 @@ def test_90_merge():
         FullAttentionSpec.merge([full(), sw()])
     with pytest.raises(InvalidSpecError, match="identical specs"):
         SlidingWindowSpec.merge([sw(), full()])
-    with pytest.raises(InvalidSpecError, match=r"different sliding windows \[1, 2\]"):
-        FullAttentionSpec.merge([full(), full(sliding_window=1), full(sliding_window=2)])
-    assert FullAttentionSpec.merge([full(sliding_window=1)] * 2).sliding_window == 1
-    assert FullAttentionSpec.merge([full(sliding_window=1), full()]).sliding_window == 1
-    with pytest.raises(InvalidSpecError, match="both a sliding window and an attention chunk"):
-        FullAttentionSpec.merge([full(sliding_window=1), full(attention_chunk_size=64)])
+    with pytest.raises(InvalidSpecError, match=r"compute different local attentions \(.*window=1"):
+        FullAttentionSpec.merge([full(), full(compute_spec=sw(1)), full(compute_spec=sw(2))])
+    assert FullAttentionSpec.merge([full(compute_spec=sw(1))] * 2).compute_spec == sw(1)
+    assert FullAttentionSpec.merge([full(compute_spec=sw(1)), full()]).compute_spec == sw(1)
+    with pytest.raises(InvalidSpecError, match="compute different local attentions"):
+        FullAttentionSpec.merge([full(compute_spec=sw(1)), full(compute_spec=chunked(64))])
 
 
 def test_91_uniform_spec():
     assert is_uniform_spec([full(), full()])
-    assert is_uniform_spec([full(), full(sliding_window=1)])
+    assert is_uniform_spec([full(), full(compute_spec=sw(1))])
     assert not is_uniform_spec([full(), sw(1)])
     assert is_uniform_spec([sw(1), sw(1)])
     assert not is_uniform_spec([sw(1), sw(2)])
@@ -137,7 +137,7 @@ def test_92_uniform_type():
 
 def test_two_recorded_windows_are_one_type_not_an_escaping_error():
     # The reference lets merge's ValueError escape here (its notes, §10.2).
-    specs = {"l1": full(sliding_window=1), "l2": full(sliding_window=2)}
+    specs = {"l1": full(compute_spec=sw(1)), "l2": full(compute_spec=sw(2))}
     (group,) = groups_of(specs)
     assert group.layer_specs == (specs["l1"], specs["l2"])
 
@@ -235,7 +235,7 @@ def test_97_mla_that_cannot_be_padded_falls_back_to_full_allocation_of_the_windo
     assert group.kv_cache_spec == specs["mla"]
     assert group.layer_specs is not None
     assert group.layer_specs[2] == FullAttentionSpec(
-        block_size=64, num_kv_heads=1, head_size=64, dtype="bfloat16", sliding_window=128
+        block_size=64, num_kv_heads=1, head_size=64, dtype="bfloat16", compute_spec=draft
     )
 
 
@@ -297,7 +297,7 @@ def test_100_unified_mode_promotions():
         num_kv_heads=1,
         head_size=256,
         dtype="bfloat16",
-        sliding_window=1024,
+        compute_spec=window,
         page_size_padded=64 * kib,
     )
     narrow = attrs.evolve(wide, block_size=16)
@@ -310,7 +310,7 @@ def test_100_unified_mode_promotions():
         num_kv_heads=1,
         head_size=256,
         dtype="bfloat16",
-        attention_chunk_size=512,
+        compute_spec=local,
         page_size_padded=32 * kib,
     )
     out = promote_local_layers({"f": full(), "s": sw(), "c": chunked()})

@@ -25,19 +25,20 @@ def kinds(model: str) -> list[str]:
 
 
 def test_layer_kinds_derived_from_each_config_style():
-    assert kinds("gpt-oss-20b")[:4] == ["sliding_attention", "full_attention"] * 2  # layer_types
-    assert kinds("gemma-2-9b")[:3] == ["sliding_attention", "full_attention", "sliding_attention"]
+    # gpt-oss lists layer_types with Hugging Face's name for the kind, "sliding_attention".
+    assert kinds("gpt-oss-20b")[:4] == ["sliding_window", "full_attention"] * 2
+    assert kinds("gemma-2-9b")[:3] == ["sliding_window", "full_attention", "sliding_window"]
     gemma3 = kinds("gemma-3-27b")
     assert [i for i, k in enumerate(gemma3) if k == "full_attention"] == list(range(5, 62, 6))
     llama4 = kinds("llama-4-scout")
     assert [i for i, k in enumerate(llama4) if k == "full_attention"] == list(range(3, 48, 4))
-    assert set(llama4) == {"full_attention", "chunked_attention"}
+    assert set(llama4) == {"full_attention", "chunked_local"}
     jamba = kinds("jamba-v0.1")
     assert [i for i, k in enumerate(jamba) if k == "full_attention"] == [4, 12, 20, 28]
     qwen = kinds("qwen3-next-80b")
     assert [i for i, k in enumerate(qwen) if k == "full_attention"] == list(range(3, 48, 4))
-    assert set(kinds("mistral-7b")) == {"sliding_attention"}
-    assert set(kinds("deepseek-v3")) == {"mla_attention"}
+    assert set(kinds("mistral-7b")) == {"sliding_window"}
+    assert set(kinds("deepseek-v3")) == {"mla"}
     assert set(kinds("llama-3-8b")) == {"full_attention"}
 
 
@@ -136,7 +137,7 @@ def test_layer_kind_no_plugin_recognizes(tmp_path):
         kvcore.plan(path, registry=registry())
     message = str(info.value)
     assert "layer 'model.layers.1.self_attn' has kind 'dilated_attention'" in message
-    assert "sliding_attention (sliding_window)" in message
+    assert "sliding_window (sliding_window; also sliding_attention)" in message
     assert "kvcore_layer_kinds hook" in message
 
 
@@ -185,7 +186,8 @@ def test_bad_options():
         ({"group_size_rule": "best"}, "group_size_rule must be one of reference, gcd"),
         ({"dtype": "float13"}, "dtype: unknown dtype 'float13'"),
         ({"layout": "diagonal"}, "layout must be one of layer_outer, block_outer"),
-        ({"mamba_cache_mode": "all"}, "mamba_cache_mode must be 'align' or 'none'"),
+        ({"options": {"mamba.cache_mode": "all"}}, "'mamba.cache_mode' must be one of 'align'"),
+        ({"options": {"mamba.mode": "none"}}, "unknown plan option 'mamba.mode'"),
     ]
     for options, message in cases:
         with pytest.raises(InvalidConfigError, match=message):
@@ -248,22 +250,27 @@ def test_two_plugins_claiming_one_kind_conflict():
 
     plugin = _module_plugin("kvtest_dup_kinds", kvcore_layer_kinds=kvcore_layer_kinds)
     try:
-        both = kvcore.load_registry(only=[*BUILTIN_PLUGINS, "dup"], plugins={"dup": plugin})
-        with pytest.raises(PluginConflictError, match="'full_attention' is claimed by plugin"):
-            kvcore.plan("llama-3-8b", registry=both)
+        # Refused when the registry is built, before any model is planned.
+        with pytest.raises(
+            PluginConflictError,
+            match="layer kind 'full_attention' is claimed by plugin 'dup' and by plugin "
+            "'full_attention'",
+        ):
+            kvcore.load_registry(only=[*BUILTIN_PLUGINS, "dup"], plugins={"dup": plugin})
     finally:
         del sys.modules["kvtest_dup_kinds"]
 
 
-def test_builders_must_return_specs():
+def test_builders_must_return_specs(tmp_path):
     def kvcore_layer_kinds():
         return {"full_attention": lambda layer: "not a spec"}
 
     plugin = _module_plugin("kvtest_bad_kinds", kvcore_layer_kinds=kvcore_layer_kinds)
     try:
         bad = kvcore.load_registry(only=["bad"], plugins={"bad": plugin})
+        path = write_config(tmp_path, layer_types=["full_attention"] * 2)
         with pytest.raises(HookImplementationError, match="returned 'not a spec'"):
-            kvcore.plan("llama-3-8b", registry=bad)
+            kvcore.plan(path, registry=bad)
     finally:
         del sys.modules["kvtest_bad_kinds"]
 
@@ -308,7 +315,9 @@ def test_allocation_only_fallback_through_a_config(tmp_path):
         "unchanged, their memory savings are lost",
     )
     promoted = p.kv_cache_config.layer_spec("model.layers.1.self_attn")
-    assert (type(promoted).__name__, promoted.sliding_window) == ("FullAttentionSpec", 128)
+    assert type(promoted).__name__ == "FullAttentionSpec"
+    assert promoted.compute_spec == p.layer_specs["model.layers.1.self_attn"]
+    assert promoted.compute_spec.sliding_window == 128
 
 
 def test_a_shipped_name_wins_over_a_folder_of_the_same_name(tmp_path, monkeypatch):

@@ -124,7 +124,7 @@ def test_qwen3_next_80b_by_hand():
 
 # model: (groups, block size, page, blocks at 80 GiB, max_model_len, wasted bytes per request)
 TABLE = {
-    "deepseek-v3": ([("mla_attention", 61)], 16, 18_432, 76_398, 163_840, 0),
+    "deepseek-v3": ([("mla", 61)], 16, 18_432, 76_398, 163_840, 0),
     "gemma-2-9b": ([("sliding_window", 21), ("full_attention", 21)], 16, 131_072, 31_207, 8192, 0),
     "gpt-oss-120b": (
         [("sliding_window", 18), ("full_attention", 18)],
@@ -143,7 +143,7 @@ TABLE = {
         47_710_208,
     ),
     "llama-4-scout": (
-        [("chunked_local_attention", 12)] * 3 + [("full_attention", 12)],
+        [("chunked_local", 12)] * 3 + [("full_attention", 12)],
         16,
         65_536,
         109_226,

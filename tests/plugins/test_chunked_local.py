@@ -15,6 +15,7 @@ from kvplugin_helpers import NULL, cached_pattern, chunked, full, make_manager, 
 
 import kvcore
 from kvcore.errors import InvalidConfigError, InvalidSpecError
+from kvcore.managers import HitQuery
 from kvcore.testing import admit
 from kvcore_plugins.chunked_local import ChunkedLocalAttentionManager
 
@@ -84,7 +85,7 @@ def test_hit_patterns(pattern, tail, expected_blocks):
     pool, hashes, (table,) = cached_pattern(pattern, 2)
     max_length = len(pattern) * 2 + tail
     (hit,) = ChunkedLocalAttentionManager.find_longest_cache_hit(
-        hashes, max_length, [0], pool, spec, False, 2
+        HitQuery(hashes, max_length, [0], pool, spec, False, 2)
     )
     assert len(hit) == expected_blocks
     start = (max_length // 4) * 4 // 2

@@ -12,6 +12,7 @@ from kvplugin_helpers import cross, full, make_manager
 
 import kvcore
 from kvcore.errors import InvalidConfigError, PrefixCachingNotSupportedError
+from kvcore.managers import HitQuery
 from kvcore_plugins.cross_attention import CrossAttentionManager
 
 
@@ -47,7 +48,9 @@ def test_lookups_and_caching_raise_a_clear_error():
         match=r"never prefix-cached.*"
         r"enable_caching=False",
     ):
-        CrossAttentionManager.find_longest_cache_hit(["h"], 16, [0], pool, cross(16), False, 16)
+        CrossAttentionManager.find_longest_cache_hit(
+            HitQuery(["h"], 16, [0], pool, cross(16), False, 16)
+        )
     with pytest.raises(PrefixCachingNotSupportedError, match="never prefix-cached"):
         manager.cache_blocks(kvcore.Request("a", list(range(32))), 32)
     with pytest.raises(PrefixCachingNotSupportedError, match="never prefix-cached"):

@@ -16,6 +16,7 @@ from kvplugin_helpers import NULL, cached_pattern, full, make_manager, mamba, to
 
 import kvcore
 from kvcore.errors import InvalidConfigError, InvalidSpecError
+from kvcore.managers import HitQuery
 from kvcore.testing import admit
 from kvcore_plugins.mamba import MambaManager, MambaSpec
 
@@ -40,7 +41,9 @@ def test_only_the_last_state_is_needed():
 def test_the_latest_cached_state_is_the_hit(pattern, max_length, expected):
     """Block size 4, unitary: the rightmost cached block within reach; nulls before it."""
     pool, hashes, (table,) = cached_pattern(pattern, 4)
-    (hit,) = MambaManager.find_longest_cache_hit(hashes, max_length, [0], pool, mamba(4), False, 4)
+    (hit,) = MambaManager.find_longest_cache_hit(
+        HitQuery(hashes, max_length, [0], pool, mamba(4), False, 4)
+    )
     assert hit == ([NULL] * (expected - 1) + [table[expected - 1]] if expected else [])
 
 
@@ -52,10 +55,14 @@ def test_states_are_hit_only_at_aligned_positions():
     tokens. EAGLE changes nothing: the state is not the draft model's.
     """
     pool, hashes, (table,) = cached_pattern([F, F, T, F, T, F], 4)
-    assert MambaManager.find_longest_cache_hit(hashes, 24, [0], pool, mamba(4), False, 8) == ([],)
+    assert MambaManager.find_longest_cache_hit(
+        HitQuery(hashes, 24, [0], pool, mamba(4), False, 8)
+    ) == ([],)
     pool, hashes, (table,) = cached_pattern([F, T, T, F, T, F], 4)
     for use_eagle in (False, True):
-        (hit,) = MambaManager.find_longest_cache_hit(hashes, 24, [0], pool, mamba(4), use_eagle, 8)
+        (hit,) = MambaManager.find_longest_cache_hit(
+            HitQuery(hashes, 24, [0], pool, mamba(4), use_eagle, 8)
+        )
         assert hit == [NULL, table[1]]
 
 

@@ -61,15 +61,20 @@ def test_kvcore_plugins_lists_all_eight_types_from_their_own_entry_points():
         assert layer_type["manager"] == f"kvcore_plugins.{name}.manager.{manager}"
 
 
+# Plugins whose spec names another plugin's spec class in promoted_to.
+DEPENDENTS = {"full_attention": {"sliding_window", "chunked_local"}}
+
+
 @pytest.mark.parametrize("name", BUILTIN_PLUGINS)
 def test_each_type_can_be_disabled_on_its_own(name):
-    """Disabling one plugin leaves the seven others; its groups then fail, naming it."""
-    registry = kvcore.load_registry(disable=[name])
+    """Disabling one plugin (and the plugins needing it) leaves the others; its groups fail."""
+    dependents = DEPENDENTS.get(name, set())
+    registry = kvcore.load_registry(disable=[name, *sorted(dependents)])
     loaded = {p.name for p in registry.plugins}
     assert name not in loaded
-    assert set(BUILTIN_PLUGINS) - {name} <= loaded
+    assert set(BUILTIN_PLUGINS) - {name} - dependents <= loaded
     spec_name, _, make_spec = SPEC_OF[name]
-    for other in set(BUILTIN_PLUGINS) - {name}:
+    for other in set(BUILTIN_PLUGINS) - {name} - dependents:
         assert SPEC_OF[other][2]().__class__ in registry
     config = kvcore.KVCacheConfig.from_specs(20, [make_spec()])
     with pytest.raises(
@@ -85,3 +90,17 @@ def test_disabled_through_the_environment():
     assert "mamba" not in {p.name for p in registry.plugins}
     with pytest.raises(UnknownSpecError, match="plugin 'mamba'"):
         registry.manager_class(mamba(16))
+
+
+def test_a_plugin_needing_a_disabled_one_is_refused_naming_both():
+    """sliding_window promotes its layers to FullAttentionSpec: full_attention is a dependency."""
+    with pytest.raises(UnknownSpecError) as info:
+        kvcore.load_registry(only=["sliding_window"])
+    message = str(info.value)
+    assert "plugin 'sliding_window' needs the plugin serving " in message
+    assert "kvcore_plugins.full_attention.spec.FullAttentionSpec" in message
+    assert "SlidingWindowSpec.promoted_to names it" in message
+    assert "it belongs to plugin 'full_attention', which is installed but not selected" in message
+    assert "Or leave 'sliding_window' out too (--disable sliding_window" in message
+    registry = kvcore.load_registry(only=["sliding_window", "full_attention"])
+    assert {p.name for p in registry.plugins} == {"sliding_window", "full_attention"}

@@ -15,7 +15,7 @@ from kvplugin_helpers import NULL, cached_pattern, make_manager, sw, tokens
 
 import kvcore
 from kvcore.errors import InvalidSpecError
-from kvcore.managers import BlockHashView
+from kvcore.managers import BlockHashView, HitQuery
 from kvcore.testing import admit
 from kvcore_plugins.sliding_window import SlidingWindowManager, contiguous_blocks_needed
 from kvcore_plugins.sliding_window.spec import SlidingWindowSpec
@@ -78,7 +78,7 @@ class CountingPool:
 def jump(hashes, max_length, group_ids, pool, spec, use_eagle, alignment):
     counting = CountingPool(pool)
     result = SlidingWindowManager.find_longest_cache_hit(
-        hashes, max_length, group_ids, counting, spec, use_eagle, alignment
+        HitQuery(hashes, max_length, group_ids, counting, spec, use_eagle, alignment)
     )
     return result, counting.probes
 

@@ -8,7 +8,7 @@ import attrs
 
 import kvcore
 from kvcore.managers import PrefixManager
-from kvcore.specs import AttentionSpec, InvalidSpecError, positive_int
+from kvcore.specs import AttentionSpec, InvalidSpecError, PagePart, TokenLimits, positive_int
 
 
 @attrs.frozen(kw_only=True)
@@ -19,17 +19,18 @@ class CompressedAttentionSpec(AttentionSpec):
     ratio: int = attrs.field(validator=positive_int)
 
     def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
         if self.block_size % self.ratio:
             msg = f"block_size ({self.block_size}) must be a multiple of ratio ({self.ratio})"
             raise InvalidSpecError(msg)
+        super().__attrs_post_init__()
 
-    @property
-    def real_page_size_bytes(self) -> int:
-        """A block holds ``block_size / ratio`` compressed vectors."""
-        return self.block_size // self.ratio * self.bytes_per_token
+    def page_parts(self) -> tuple[PagePart, ...]:
+        """A block holds ``block_size / ratio`` compressed vectors (the page follows)."""
+        vectors = self.block_size // self.ratio
+        shape = (vectors, self.num_kv_heads, self.head_size + self.head_size_v)
+        return (PagePart(name="kv", offset=0, shape=shape, dtype=self.dtype),)
 
-    def max_memory_usage_bytes(self, limits: kvcore.specs.TokenLimits) -> int:
+    def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
         """One page per block of a ``max_model_len``-token request."""
         return self.pages_for_tokens(limits.max_model_len) * self.page_size_bytes
 
