@@ -35,6 +35,10 @@ __all__ = [
 
 Hits = tuple[list[int], ...]
 
+# Builds a HitQuery from all its fields without NamedTuple's argument handling:
+# one per group and lookup, so it is kept cheap.
+_new_query = tuple.__new__
+
 
 class KVCacheCoordinator:
     """Fans manager operations out over the groups; subclasses find cache hits.
@@ -232,14 +236,17 @@ class UnitaryCoordinator(KVCacheCoordinator):
     ) -> tuple[Hits, int]:
         """The group's own longest hit."""
         hits = self._manager.find_longest_cache_hit(
-            HitQuery(
-                block_hashes,
-                max_cache_hit_length,
-                self._group_ids,
-                self.block_pool,
-                self._spec,
-                self.use_eagle,
-                self._block_size,
+            _new_query(
+                HitQuery,
+                (
+                    block_hashes,
+                    max_cache_hit_length,
+                    self._group_ids,
+                    self.block_pool,
+                    self._spec,
+                    self.use_eagle,
+                    self._block_size,
+                ),
             )
         )
         return hits, len(hits[0]) * self._block_size
@@ -332,14 +339,17 @@ class HybridCoordinator(KVCacheCoordinator):
                     # last matched block the hit lands back on the candidate.
                     limit = min(candidate + group.block_size, max_hashed_tokens)
                 hits = group.manager_cls.find_longest_cache_hit(
-                    HitQuery(
-                        hashes_at_block_size(block_hashes, hash_size, group.block_size),
-                        limit,
-                        group.group_ids,
-                        pool,
-                        group.spec,
-                        drop_eagle,
-                        alignment,
+                    _new_query(
+                        HitQuery,
+                        (
+                            hashes_at_block_size(block_hashes, hash_size, group.block_size),
+                            limit,
+                            group.group_ids,
+                            pool,
+                            group.spec,
+                            drop_eagle,
+                            alignment,
+                        ),
                     )
                 )
                 length = len(hits[0]) * group.block_size

@@ -21,10 +21,20 @@ from collections.abc import Sequence
 
 import attrs
 
+from kvcore._conformance import ConformanceError, ConformanceReport, check_plugin
 from kvcore._kv_cache_manager import KVCacheBlocks, KVCacheManager
 from kvcore._request import Request
 
-__all__ = ["RandomWorkload", "WorkloadStats", "admit", "check_manager_invariants", "snapshot"]
+__all__ = [
+    "ConformanceError",
+    "ConformanceReport",
+    "RandomWorkload",
+    "WorkloadStats",
+    "admit",
+    "check_manager_invariants",
+    "check_plugin",
+    "snapshot",
+]
 
 
 def admit(
