@@ -352,7 +352,8 @@ def test_the_page_size_is_derived_from_the_page_parts():
     assert TwoParts(block_size=8, page_size_padded=80).page_size_bytes == 80
     with pytest.raises(kvcore.InvalidSpecError, match=r"page_size_padded \(70 bytes\) is smaller"):
         TwoParts(block_size=8, page_size_padded=70)
-    with pytest.raises(kvcore.InvalidSpecError, match=r"part 'b' \(bytes 64-72\) overlaps part 'a'"):
+    overlap = r"part 'b' \(bytes 64-72\) overlaps part 'a'"
+    with pytest.raises(kvcore.InvalidSpecError, match=overlap):
         TwoParts(block_size=40)  # part a now ends at byte 240
 
 
