@@ -61,8 +61,8 @@ def add_plan_option_argument(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="PLUGIN.NAME=VALUE",
-        help="set a plugin's plan option, e.g. mamba.cache_mode=none (repeatable; "
-        "'kvcore plugins' lists the options)",
+        help="set a plugin's plan option (repeatable; 'kvcore plugins' lists the options "
+        "of the installed plugins)",
     )
 
 
@@ -76,7 +76,10 @@ def plan_options_from_args(args: argparse.Namespace) -> dict[str, str]:
     for item in args.option:
         key, sep, value = item.partition("=")
         if not sep or "." not in key:
-            msg = f"--option {item!r}: write it as PLUGIN.NAME=VALUE, e.g. mamba.cache_mode=none"
+            msg = (
+                f"--option {item!r}: write it as PLUGIN.NAME=VALUE ('kvcore plugins' lists the "
+                "options of the installed plugins)"
+            )
             raise InvalidConfigError(msg)
         options[key.strip()] = value.strip()
     return options

@@ -67,8 +67,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--no-hybrid",
         action="store_true",
-        help="plan sliding-window and chunked layers as full attention, as engines "
-        "without the hybrid manager do",
+        help="plan the layers of local attention types (windows, chunks) for every token, "
+        "in one block table, as engines without the hybrid manager do",
     )
     add_selection_options(parser)
     defaults = SchedulerConfig()
@@ -119,7 +119,7 @@ def add_parser(subparsers: Any) -> None:
         "--no-prefix-caching",
         action="store_true",
         help="turn prefix caching off: every prompt is computed in full (the ceiling is "
-        "still reported); needed for models with cross attention",
+        "still reported); needed for models with layers that are never prefix-cached",
     )
     parser.add_argument(
         "--seed",

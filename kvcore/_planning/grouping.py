@@ -227,7 +227,7 @@ def _grow_groups(groups: list[KVCacheGroupSpec], page_size: int) -> list[KVCache
         if spec is None:
             msg = (
                 f"group of {', '.join(group.layer_names)}: its page cannot grow to "
-                f"{page_size} bytes to make room for a hidden-state layer"
+                f"{page_size} bytes to make room for a layer that keeps its own group"
             )
             raise PageUnificationError(msg)
         grown.append(KVCacheGroupSpec(layer_names=group.layer_names, kv_cache_spec=spec))

@@ -261,20 +261,19 @@ def _notes(
     if padded:
         which = ", ".join(f"{count} {kind}" for kind, count in padded.items())
         notes.append(f"pages padded to the common page size: {which} layers")
-    promoted: dict[str, int] = {}
+    promoted: dict[tuple[str, str], int] = {}
     for name, spec in final.items():
         if type(spec) is not type(layer_specs[name]):
-            kind = layer_specs[name].kind
-            promoted[kind] = promoted.get(kind, 0) + 1
-    if promoted:
-        which = ", ".join(f"{count} {kind}" for kind, count in promoted.items())
-        reason = (
-            "the hybrid manager is disabled"
-            if not hybrid
-            else "their pages cannot be unified with the others (allocation-only fallback)"
-        )
+            key = (layer_specs[name].kind, spec.kind)
+            promoted[key] = promoted.get(key, 0) + 1
+    reason = (
+        "the hybrid manager is disabled"
+        if not hybrid
+        else "their pages cannot be unified with the others (allocation-only fallback)"
+    )
+    for (kind, as_kind), count in promoted.items():
         notes.append(
-            f"{which} layers allocated as full attention because {reason}; their attention "
+            f"{count} {kind} layers allocated as {as_kind} because {reason}; their attention "
             "compute is unchanged, their memory savings are lost"
         )
     if limits.max_model_len < model_max_len:

@@ -197,7 +197,7 @@ def test_bad_options():
 def test_hybrid_disabled_plan_and_unplannable_unified_mode(tmp_path):
     p = kvcore.plan("gpt-oss-20b", memory="8GiB", hybrid=False, registry=registry())
     assert p.notes[0].startswith(
-        "12 sliding_window layers allocated as full attention because the hybrid manager is "
+        "12 sliding_window layers allocated as full_attention because the hybrid manager is "
         "disabled"
     )
     assert [g.kind for g in p.groups] == ["full_attention"]
@@ -310,7 +310,7 @@ def test_allocation_only_fallback_through_a_config(tmp_path):
     assert group.num_layers == 2
     assert group.page_sizes == (18_432, 65_536)
     assert p.notes == (
-        "1 sliding_window layers allocated as full attention because their pages cannot be "
+        "1 sliding_window layers allocated as full_attention because their pages cannot be "
         "unified with the others (allocation-only fallback); their attention compute is "
         "unchanged, their memory savings are lost",
     )
