@@ -1,0 +1,221 @@
+"""``check_plugin``: every built-in type and both examples pass; broken variants fail by rule."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+import pytest
+from kvplugin_helpers import chunked, cross, full, hidden, mamba, mla, registry, sink, sw
+
+import kvcore
+from kvcore.managers import HitQuery, PrefixManager
+from kvcore.specs import KVCacheSpec, TokenLimits
+from kvcore.testing import ConformanceError, check_plugin
+from kvcore_plugins.full_attention import FullAttentionManager, FullAttentionSpec
+from kvcore_plugins.sliding_window import SlidingWindowManager, SlidingWindowSpec
+
+ALL_RULES = (
+    "registered",
+    "tokens_read",
+    "skipped_tokens",
+    "page",
+    "grouping_key",
+    "hit_search",
+    "workload",
+    "hybrid_workload",
+    "torch_views",
+)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        full(16),
+        sw(40, 16),
+        sw(5, 4),
+        chunked(64, 16),
+        mamba(16),
+        mamba(16, spec_blocks=2),
+        sink(32, 16),
+        mla(16),
+        mla(16, cache_dtype_str="fp8_ds_mla"),
+        hidden(16),
+    ],
+    ids=repr,
+)
+def test_every_builtin_type_passes(spec):
+    report = check_plugin(spec, registry=registry(), num_ops=200)
+    assert report.passed == ALL_RULES
+    assert report.skipped == ()
+    assert report.hit_cases == 400
+    # Alone and hybrid, with EAGLE where the type accepts it (chunked local does not).
+    assert report.workload_ops == (2 if spec.kind == "chunked_local" else 4) * 200
+
+
+def test_cross_attention_passes_what_applies():
+    report = check_plugin(cross(16), registry=registry(), num_ops=200)
+    assert "hit_search" not in report.passed
+    assert ("hit_search", "the type is never prefix-cached") in report.skipped
+    assert {"page", "workload", "hybrid_workload", "torch_views"} <= set(report.passed)
+
+
+def test_the_compressed_example_passes():
+    from kvcore_compressed import CompressedAttentionSpec
+
+    spec = CompressedAttentionSpec(
+        block_size=16, ratio=4, num_kv_heads=2, head_size=64, dtype="bf16"
+    )
+    plugins = kvcore.load_registry(only=["compressed", "full_attention"])
+    assert check_plugin(spec, registry=plugins, num_ops=200).passed == ALL_RULES
+
+
+# -- deliberately broken variants ---------------------------------------------------------
+
+
+def broken_registry(*layer_types: kvcore.LayerType[Any]) -> kvcore.Registry:
+    return kvcore.registry_from_layer_types(
+        [kvcore.LayerType(FullAttentionSpec, FullAttentionManager), *layer_types]
+    )
+
+
+def window_spec(cls: type[SlidingWindowSpec]) -> SlidingWindowSpec:
+    return cls(block_size=16, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=40)
+
+
+@attrs.frozen(kw_only=True)
+class PrefixHitWindow(SlidingWindowSpec):
+    kind: ClassVar[str] = "prefix_hit_window"
+
+
+class PrefixHitManager(PrefixManager[SlidingWindowSpec]):
+    """Frees the window correctly but searches hits as full attention does."""
+
+    frees_skipped_blocks: ClassVar[bool] = True
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - self.spec.sliding_window + 1)
+
+
+@attrs.frozen(kw_only=True)
+class GreedyWindow(SlidingWindowSpec):
+    kind: ClassVar[str] = "greedy_window"
+
+
+class GreedyManager(SlidingWindowManager):
+    """Frees one block more than the window allows."""
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - self.spec.sliding_window + 1 + 16)
+
+
+@attrs.frozen(kw_only=True)
+class SmallBound(SlidingWindowSpec):
+    kind: ClassVar[str] = "small_bound"
+
+    def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
+        return 2 * self.page_size_bytes
+
+
+@attrs.frozen(kw_only=True)
+class KeylessWindow(SlidingWindowSpec):
+    kind: ClassVar[str] = "keyless_window"
+
+    @property
+    def uniform_type_key(self) -> Any:
+        return type(self)
+
+
+@attrs.frozen(kw_only=True)
+class StuckPage(SlidingWindowSpec):
+    kind: ClassVar[str] = "stuck_page"
+
+    def grown_to_page(self, page_size: int) -> KVCacheSpec | None:
+        return self
+
+
+@attrs.frozen(kw_only=True)
+class Mispredicting(FullAttentionSpec):
+    kind: ClassVar[str] = "mispredicting"
+
+
+class MispredictingManager(FullAttentionManager):
+    def get_num_blocks_to_allocate(self, *args: Any) -> int:
+        return super().get_num_blocks_to_allocate(*args) + 1
+
+
+@attrs.frozen(kw_only=True)
+class LongHits(FullAttentionSpec):
+    kind: ClassVar[str] = "long_hits"
+
+
+class LongHitManager(FullAttentionManager):
+    """Claims one block more than is cached."""
+
+    @classmethod
+    def find_longest_cache_hit(cls, query: HitQuery[Any]) -> tuple[list[int], ...]:
+        hits = super().find_longest_cache_hit(query)
+        if (len(hits[0]) + 1) * query.spec.block_size <= query.max_length:
+            return tuple([*blocks, blocks[-1] if blocks else 1] for blocks in hits)
+        return hits
+
+
+@attrs.frozen(kw_only=True)
+class LeakingFirstBlock(FullAttentionSpec):
+    kind: ClassVar[str] = "leaking_first_block"
+
+
+class LeakingManager(FullAttentionManager):
+    """Reads every token (hits are prefixes) but frees the first block after 32 tokens."""
+
+    frees_skipped_blocks: ClassVar[bool] = True
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        table = self.req_to_blocks.get(request_id, [])
+        if total_computed_tokens > 32 and table and table[0]:
+            self.block_pool.free_blocks([table[0]])
+            table[0] = kvcore.NULL_BLOCK
+
+
+@pytest.mark.parametrize(
+    ("spec_cls", "manager_cls", "rule", "detail"),
+    [
+        (PrefixHitWindow, PrefixHitManager, "hit_search", "the longest usable one by the type's"),
+        (GreedyWindow, GreedyManager, "skipped_tokens", "freed blocks would still be read"),
+        (SmallBound, SlidingWindowManager, "workload", "more than max_memory_usage_bytes allows"),
+        (KeylessWindow, SlidingWindowManager, "grouping_key", "but reads other tokens"),
+        (StuckPage, SlidingWindowManager, "page", "must return the page asked for, or None"),
+    ],
+    ids=lambda value: getattr(value, "__name__", value),
+)
+def test_a_broken_window_fails_naming_the_rule(spec_cls, manager_cls, rule, detail):
+    plugins = broken_registry(kvcore.LayerType(spec_cls, manager_cls))
+    with pytest.raises(ConformanceError) as info:
+        check_plugin(window_spec(spec_cls), registry=plugins, num_ops=200)
+    assert info.value.rule == rule
+    message = str(info.value)
+    assert message.startswith(f"check_plugin rule {rule!r} failed for {spec_cls.__qualname__} ")
+    assert detail in message
+
+
+@pytest.mark.parametrize(
+    ("spec_cls", "manager_cls", "rule", "detail"),
+    [
+        (Mispredicting, MispredictingManager, "workload", "predicted 12 blocks, took 11"),
+        (LongHits, LongHitManager, "hit_search", "the hit is"),
+        (LeakingFirstBlock, LeakingManager, "workload", "but block 0 of its table is freed (null)"),
+    ],
+    ids=lambda value: getattr(value, "__name__", value),
+)
+def test_a_broken_full_attention_fails_naming_the_rule(spec_cls, manager_cls, rule, detail):
+    plugins = broken_registry(kvcore.LayerType(spec_cls, manager_cls))
+    spec = spec_cls(block_size=16, num_kv_heads=1, head_size=8, dtype="float16")
+    with pytest.raises(ConformanceError) as info:
+        check_plugin(spec, registry=plugins, num_ops=200)
+    assert info.value.rule == rule
+    assert detail in str(info.value)
+
+
+def test_an_unregistered_spec_fails_the_first_rule():
+    with pytest.raises(ConformanceError, match="rule 'registered' failed"):
+        check_plugin(window_spec(PrefixHitWindow), registry=registry())
