@@ -40,7 +40,14 @@ from kvcore._plugin_loader import (
     load_registry,
     load_selection,
 )
-from kvcore._registry import LayerType, PluginInfo, Registry, registry_from_layer_types
+from kvcore._registry import (
+    Claim,
+    HookCall,
+    LayerType,
+    PluginInfo,
+    Registry,
+    registry_from_layer_types,
+)
 from kvcore._request import MultiModalFeature, Request
 from kvcore.errors import (
     DoubleFreeError,
@@ -109,6 +116,8 @@ __all__ = [
     "hookimpl",
     "LayerType",
     "PluginInfo",
+    "Claim",
+    "HookCall",
     "Registry",
     "PluginSelection",
     "load_registry",

@@ -48,7 +48,14 @@ class PluginConflictError(PluginError):
 
 
 class HookImplementationError(PluginError):
-    """A plugin implements a hook that does not exist, or returns bad values."""
+    """A plugin's hooks or classes break the plugin contract.
+
+    It implements a hook that does not exist, defines a hook function without
+    ``@hookimpl``, implements no hook, raises in a hook (or in a function a
+    hook returned), returns nothing usable, or registers a spec or manager
+    class missing a required piece. The message names the plugin and the
+    piece.
+    """
 
 
 class UnknownSpecError(PluginError, LookupError):

@@ -76,11 +76,12 @@ def kvcore_layer_types() -> Sequence[LayerType[Any]]:  # type: ignore[empty-body
         One :class:`~kvcore.LayerType` per spec class the plugin serves (at
         least one).
 
-    Example::
+    Example:
+        .. code-block:: python
 
-        @kvcore.hookimpl
-        def kvcore_layer_types():
-            return [kvcore.LayerType(MySpec, MyManager)]
+            @kvcore.hookimpl
+            def kvcore_layer_types():
+                return [kvcore.LayerType(MySpec, MyManager)]
 
     Used by every built-in plugin, e.g. ``kvcore_plugins.full_attention``.
 
@@ -98,7 +99,7 @@ def kvcore_layer_kinds() -> Sequence[LayerKind] | Mapping[str, LayerBuilder]:  #
     config (:func:`kvcore_model_layers`). For each layer kvcore calls the
     builder of its kind with a :class:`~kvcore.LayerConfig` and uses the spec
     it returns. A type with one kind names it after the type (its spec's
-    ``kind``); :attr:`~kvcore.LayerKind.aliases` lists the names model
+    ``kind``); ``LayerKind.aliases`` lists the names model
     configs use for it (Hugging Face's ``"sliding_attention"``).
 
     Called once per plugin when a registry is built. Each kind name (and
@@ -114,20 +115,23 @@ def kvcore_layer_kinds() -> Sequence[LayerKind] | Mapping[str, LayerBuilder]:  #
         the config through ``LayerConfig.require_int`` and friends, whose
         errors name the model, the file and the field.
 
-    Example::
+    Example:
+        .. code-block:: python
 
-        def build(layer: kvcore.LayerConfig) -> SlidingWindowSpec:
-            return SlidingWindowSpec(
-                block_size=layer.block_size,
-                num_kv_heads=layer.num_kv_heads,
-                head_size=layer.head_size,
-                dtype=layer.dtype,
-                sliding_window=layer.require_int("sliding_window"),
-            )
+            from kvcore_plugins.sliding_window import SlidingWindowSpec
 
-        @kvcore.hookimpl
-        def kvcore_layer_kinds():
-            return [kvcore.LayerKind("sliding_window", build, aliases=("sliding_attention",))]
+            def build(layer: kvcore.LayerConfig) -> SlidingWindowSpec:
+                return SlidingWindowSpec(
+                    block_size=layer.block_size,
+                    num_kv_heads=layer.num_kv_heads,
+                    head_size=layer.head_size,
+                    dtype=layer.dtype,
+                    sliding_window=layer.require_int("sliding_window"),
+                )
+
+            @kvcore.hookimpl
+            def kvcore_layer_kinds():
+                return [kvcore.LayerKind("sliding_window", build, aliases=("sliding_attention",))]
 
     Used by the built-in plugins, e.g. ``kvcore_plugins.sliding_window.model_config``.
 
@@ -160,14 +164,14 @@ def kvcore_model_layers(model: ModelFields) -> Sequence[ModelLayer] | None:
     Returns:
         Every cache-holding layer in order, or ``None``.
 
-    Example::
+    Example:
+        .. code-block:: python
 
-        @kvcore.hookimpl
-        def kvcore_model_layers(model):
-            if model.layer_types is not None or model.get("sink_tokens") is None:
-                return None
-            count = model.num_hidden_layers
-            return model.decoder_layers(["streaming"] * count)
+            @kvcore.hookimpl
+            def kvcore_model_layers(model):
+                if model.layer_types is not None or model.get("my_window") is None:
+                    return None
+                return model.decoder_layers(["my_type"] * model.num_hidden_layers)
 
     Used by ``kvcore_plugins.sliding_window`` (Gemma patterns, a model-wide
     window), ``kvcore_plugins.mamba`` (Jamba, Qwen3-Next),
@@ -187,9 +191,9 @@ def kvcore_plan_options() -> Sequence[PlanOption]:  # type: ignore[empty-body]
     A user sets an option as ``"<plugin>.<name>"``:
     ``kvcore.plan(model, options={"mamba.cache_mode": "none"})`` or
     ``kvcore plan MODEL --option mamba.cache_mode=none``. Planning checks the
-    name and the value (:attr:`~kvcore.PlanOption.choices`) before any layer
+    name and the value (``PlanOption.choices``) before any layer
     is built, then hands each builder its plugin's values in
-    :attr:`kvcore.LayerConfig.options` (read them with
+    ``LayerConfig.options`` (read them with
     :meth:`~kvcore.LayerConfig.option`). ``kvcore plugins`` lists them.
 
     Called once per plugin when a registry is built.
@@ -197,13 +201,14 @@ def kvcore_plan_options() -> Sequence[PlanOption]:  # type: ignore[empty-body]
     Returns:
         :class:`~kvcore.PlanOption` records (at least one, names unique).
 
-    Example::
+    Example:
+        .. code-block:: python
 
-        @kvcore.hookimpl
-        def kvcore_plan_options():
-            return [
-                kvcore.PlanOption(name="cache_mode", default="align", choices=("align", "none"))
-            ]
+            @kvcore.hookimpl
+            def kvcore_plan_options():
+                return [
+                    kvcore.PlanOption(name="cache_mode", default="align", choices=("align", "none"))
+                ]
 
     Used by ``kvcore_plugins.mamba`` (``cache_mode``).
 

@@ -5,13 +5,13 @@ for its attention type, three things: which earlier blocks a request no longer
 needs (:attr:`SingleTypeManager.frees_skipped_blocks`,
 :meth:`SingleTypeManager.get_num_skipped_tokens`), which cached blocks form a
 usable prefix-cache hit (:meth:`SingleTypeManager.find_longest_cache_hit`,
-given one :class:`HitQuery`), and how many blocks an allocation will take. The
+given one :class:`~kvcore.managers.HitQuery`), and how many blocks an allocation will take. The
 base class implements the bookkeeping shared by every type; a plugin
 overrides what differs. What a manager class must provide is checked when a
 registry is built (:func:`kvcore.load_registry`).
 
-The hit search reads the prefix cache only through :class:`CachedBlockLookup`
-(two methods), so it can run against anything that implements them: the
+The hit search reads the prefix cache only through
+:class:`~kvcore.managers.CachedBlockLookup` (two methods), so it can run against anything that implements them: the
 engine's :class:`~kvcore.BlockPool`, or a view of another engine's cached
 blocks.
 
@@ -76,8 +76,8 @@ class CachedBlockLookup(Protocol):
         """Look ``block_hashes[start:stop]`` up left to right until the first miss.
 
         Returns:
-            One list per group id, all of the same length: the blocks of the
-            run of hits starting at ``start``.
+            One list per group id, all of the same length, holding the blocks
+            of the run of hits starting at ``start``.
         """
         per_group: tuple[list[int], ...] = tuple([] for _ in kv_cache_group_ids)
         for block_hash in block_hashes[start:stop]:
@@ -149,7 +149,7 @@ class SingleTypeManager(Generic[SpecT]):
         block_pool: The shared :class:`~kvcore.BlockPool`.
         kv_cache_group_id: Index of the group in the KV cache config.
         enable_caching: Whether prefix caching is on.
-        null_block: :data:`NULL_BLOCK`.
+        null_block: :data:`~kvcore.managers.NULL_BLOCK`.
         req_to_blocks: Block table per request id (null blocks where the
             type dropped a block).
         num_cached_block: Per *running* request, how many leading blocks of its
@@ -172,7 +172,7 @@ class SingleTypeManager(Generic[SpecT]):
     #: not produced by the draft model) sets this to ``False`` so the hybrid
     #: coordinator does not look one block further for it.
     eagle_drops_last_block: ClassVar[bool] = True
-    #: Requests drop blocks before they end: the coordinator calls
+    #: Whether requests drop blocks before they end. The coordinator calls
     #: :meth:`remove_skipped_blocks` for groups of this type (and only for
     #: them) before every allocation. Set it when the type stops reading
     #: earlier tokens (a window, a chunk, a state); a class that overrides
@@ -246,7 +246,8 @@ class SingleTypeManager(Generic[SpecT]):
         """Find the longest usable prefix-cache hit of at most ``query.max_length`` tokens.
 
         A classmethod: called by the coordinator before a request is admitted,
-        and by anything else holding a :class:`CachedBlockLookup`. It must look
+        and by anything else holding a
+        :class:`~kvcore.managers.CachedBlockLookup`. It must look
         blocks up only through ``query.cache`` and change nothing. A hit of
         ``L`` tokens is usable when every token the query at position ``L``
         reads (:meth:`~kvcore.specs.KVCacheSpec.tokens_read`) is in a cached
@@ -258,10 +259,10 @@ class SingleTypeManager(Generic[SpecT]):
                 cache, the spec, EAGLE and the alignment.
 
         Returns:
-            One list per group id, all of the same length ``n``: the blocks
-            covering the first ``n × block_size`` tokens, with the null block
-            where the type does not need the block. ``n × block_size`` is a
-            multiple of ``query.alignment_tokens`` and at most
+            One list per group id, all of the same length ``n``, holding the
+            blocks covering the first ``n × block_size`` tokens, with the null
+            block where the type does not need the block. ``n × block_size``
+            is a multiple of ``query.alignment_tokens`` and at most
             ``query.max_length``.
         """
         msg = f"{cls.__qualname__} must implement find_longest_cache_hit"

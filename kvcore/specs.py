@@ -245,14 +245,14 @@ class KVCacheSpec:
             shapes can share block ids.
     """
 
-    #: The attention type's name (see :data:`KIND_PATTERN`), reported in KV
+    #: The attention type's name (see :data:`~kvcore.specs.KIND_PATTERN`), reported in KV
     #: cache events (``BlockStored.kind``), plans and ``kvcore plugins``. Every
     #: registered spec class sets its own; two classes in one registry may
     #: not share one. By convention it equals the plugin's name.
     kind: ClassVar[str]
 
     #: Fields that change only the page, not which token slots a request
-    #: needs; the default :attr:`uniform_type_key` ignores them. A subclass
+    #: needs; the default ``uniform_type_key`` ignores them. A subclass
     #: adding such a field (a packed cache format, say) extends the set.
     page_only_fields: ClassVar[frozenset[str]] = frozenset({"block_size", "page_size_padded"})
 
@@ -286,7 +286,7 @@ class KVCacheSpec:
     def page_parts(self) -> tuple[PagePart, ...]:
         """The typed arrays of one page: the one description of the page's layout.
 
-        The natural page size (:attr:`real_page_size_bytes`) is the end of the
+        The natural page size (``real_page_size_bytes``) is the end of the
         last part, and torch allocation (:func:`kvcore.allocate_kv_cache`)
         views every part, so what a spec says about its page and what is
         allocated cannot disagree.
@@ -307,7 +307,7 @@ class KVCacheSpec:
 
     @property
     def page_size_bytes(self) -> int:
-        """Bytes one block of one layer occupies: ``page_size_padded``, else the natural page."""
+        """Bytes one block of one layer occupies (``page_size_padded``, else the natural page)."""
         if self.page_size_padded is not None:
             return self.page_size_padded
         return self.real_page_size_bytes
@@ -538,7 +538,7 @@ class AttentionSpec(KVCacheSpec):
 
     @property
     def bytes_per_token(self) -> int:
-        """Bytes one token takes in one layer's page: the natural page over ``block_size``."""
+        """Bytes one token takes in one layer's page (the natural page over ``block_size``)."""
         return self.real_page_size_bytes // self.block_size
 
     def pages_for_tokens(self, num_tokens: int) -> int:

@@ -173,7 +173,7 @@ class LayerKind:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """Every name of the kind: its name, its aliases, its deprecated aliases."""
+        """Every name of the kind (its name, its aliases, its deprecated aliases)."""
         return (self.name, *self.aliases, *self.deprecated_aliases)
 
 

@@ -131,7 +131,7 @@ class ModelFields(FieldReader):
     ) -> tuple[ModelLayer, ...]:
         """One layer per decoder layer, of the given kinds, named ``<prefix>.<i>.<module>``.
 
-        ``<module>`` is the kind's :attr:`~kvcore.LayerKind.module_name`
+        ``<module>`` is the kind's ``module_name`` (:class:`~kvcore.LayerKind`)
         (``"self_attn"`` for a kind no selected plugin claims).
         """
         return tuple(
