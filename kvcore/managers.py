@@ -11,9 +11,9 @@ overrides what differs. What a manager class must provide is checked when a
 registry is built (:func:`kvcore.load_registry`).
 
 The hit search reads the prefix cache only through
-:class:`~kvcore.managers.CachedBlockLookup` (two methods), so it can run against anything that implements them: the
-engine's :class:`~kvcore.BlockPool`, or a view of another engine's cached
-blocks.
+:class:`~kvcore.managers.CachedBlockLookup` (two methods), so it can run
+against anything that implements them: the engine's :class:`~kvcore.BlockPool`,
+or a view of another engine's cached blocks.
 
 Block ids are plain ``int``; block 0 is the null block (``NULL_BLOCK``),
 which stands for a position whose KV is not kept.

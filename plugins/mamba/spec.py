@@ -68,7 +68,7 @@ class MambaSpec(KVCacheSpec):
     """A recurrent state (Mamba, linear attention, ...) of fixed size per request.
 
     The page is the state itself: its tensors packed one after the other
-    (:meth:`page_parts`), whatever the block size. ``block_size`` only sets
+    (``page_parts``), whatever the block size. ``block_size`` only sets
     the token granularity at which states can be cached: block ``i`` of a
     request holds the state after ``(i + 1) × block_size`` tokens.
     ``page_size_padded`` pads the page to match attention pages.
