@@ -28,6 +28,7 @@ PUBLIC_CORE_MODULES = {
     "kvcore.hookspecs",
     "kvcore.errors",
     "kvcore.reference",
+    "kvcore.testing",
 }
 
 
