@@ -40,6 +40,7 @@ from _replay import Case, record_ops, replay_kvcore, replay_vllm
 
 import kvcore
 from kvcore._trace import read_mooncake_trace
+from kvcore.managers import HitQuery
 from kvcore_plugins.chunked_local import ChunkedLocalAttentionSpec
 from kvcore_plugins.cross_attention import CrossAttentionSpec
 from kvcore_plugins.full_attention import FullAttentionSpec
@@ -314,7 +315,7 @@ def bench_sliding_window_lookup(args: argparse.Namespace, vllm: Any | None) -> b
 
         def jump(pool: Any = pool, hashes: list[bytes] = hashes, length: int = num_tokens) -> Any:
             return SlidingWindowManager.find_longest_cache_hit(
-                hashes, length, [0], pool, spec, False, bs
+                HitQuery(hashes, length, [0], pool, spec, False, bs)
             )
 
         def plain(pool: Any = pool, hashes: list[bytes] = hashes, length: int = num_tokens) -> Any:
