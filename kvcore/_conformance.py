@@ -287,7 +287,7 @@ class _Checker:
             for _ in range(num_groups):
                 positions = {i for i in range(num_blocks) if rng.random() < density}
                 cached_sets.append(positions)
-                mapping = {}
+                mapping: dict[Hashable, int] = {}
                 for i in sorted(positions):
                     mapping[hashes[i]] = next_block
                     next_block += 1
@@ -439,7 +439,7 @@ class _Checker:
             groups = None
             for layout in ("layer_outer", "block_outer"):
                 try:
-                    groups = get_kv_cache_groups(layer_specs, layout=layout)  # type: ignore[arg-type]
+                    groups = get_kv_cache_groups(layer_specs, layout=layout)
                 except InvalidConfigError:
                     continue
                 break

@@ -13,7 +13,6 @@ from __future__ import annotations
 import difflib
 import importlib.metadata
 import os
-import types
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -183,18 +182,18 @@ def _load_plugin(candidate: _Candidate) -> object:
         raise PluginLoadError(msg) from exc
 
 
-class _HashablePlugin(types.SimpleNamespace):
-    """A copy of an unhashable plugin object (a ``SimpleNamespace``): pluggy hashes plugins."""
+class _PluginCopy:
+    """A hashable copy of an unhashable plugin object (a namespace): pluggy hashes plugins."""
 
-    __hash__ = object.__hash__
-    __eq__ = object.__eq__
+    def __init__(self, attributes: Mapping[str, object]) -> None:
+        self.__dict__.update(attributes)
 
 
 def _registrable(plugin: object) -> object:
     try:
         hash(plugin)
     except TypeError:
-        return _HashablePlugin(**{k: getattr(plugin, k) for k in dir(plugin) if k[:2] != "__"})
+        return _PluginCopy({k: getattr(plugin, k) for k in dir(plugin) if k[:2] != "__"})
     return plugin
 
 
@@ -310,7 +309,7 @@ def load_registry(
     if only is None and disable is None:
         selection = PluginSelection.from_env(environ)
     else:
-        selection = PluginSelection(only=only, disable=disable)  # type: ignore[arg-type]
+        selection = PluginSelection(only=only, disable=disable)
     return load_selection(selection, plugins=plugins)
 
 

@@ -332,7 +332,7 @@ class Registry:
         """
         return MappingProxyType(
             {
-                name: claim
+                claim.record.name: claim
                 for name, claim in self.claims("kvcore_layer_kinds").items()
                 if claim.record.name == name
             }

@@ -136,6 +136,14 @@ def _convert_dtype(value: object, instance: object, field: attrs.Attribute[Any])
         raise InvalidSpecError(msg) from None
 
 
+def _convert_part_dtype(value: object) -> str:
+    try:
+        return dtype_name(value)
+    except ValueError as exc:
+        msg = f"PagePart.dtype: {exc}"
+        raise InvalidSpecError(msg) from None
+
+
 def _convert_shape(value: Sequence[int]) -> tuple[int, ...]:
     shape = tuple(value)
     if any(type(dim) is not int or dim <= 0 for dim in shape):
@@ -188,9 +196,7 @@ class PagePart:
     name: str
     offset: int = attrs.field(validator=non_negative_int)
     shape: tuple[int, ...] = attrs.field(converter=_convert_shape)
-    dtype: str = attrs.field(
-        converter=attrs.Converter(_convert_dtype, takes_self=True, takes_field=True)
-    )
+    dtype: str = attrs.field(converter=_convert_part_dtype)
 
     @property
     def end(self) -> int:

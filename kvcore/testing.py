@@ -3,6 +3,10 @@
 Opt-in: import it from your tests (``from kvcore.testing import
 RandomWorkload``); it is not a pytest plugin and has no side effects.
 
+:func:`check_plugin` checks an attention type (a spec and the manager serving
+it) against every rule kvcore's own types pass: its rules are listed in its
+documentation.
+
 :func:`check_manager_invariants` verifies, after any operation, the invariants
 every manager and pool must keep (see :doc:`/explanation/architecture`).
 :class:`RandomWorkload` drives a :class:`~kvcore.KVCacheManager` through random

@@ -285,8 +285,8 @@ def _model_layers(fields: ModelFields, registry: Registry) -> tuple[ModelLayer, 
         if kinds is None:
             unselected = ", ".join(p.name for p in registry.unselected)
             hint = f" Installed but not selected: {unselected}." if unselected else ""
-            recognizers = ", ".join(c.plugin for c in registry.hook_calls.get(
-                "kvcore_model_layers", ())) or "none"
+            asked = registry.hook_calls.get("kvcore_model_layers", ())
+            recognizers = ", ".join(call.plugin for call in asked) or "none"
             msg = (
                 f"{fields._where()}: no selected kvcore plugin recognizes its layers "
                 f"(plugins asked: {recognizers}) and its config.json lists no layer_types.{hint} "
@@ -340,7 +340,7 @@ def load_model_config(model: str | Path, registry: Registry | None = None) -> Mo
     name, path = _locate(model)
     config = _merged_fields(_read_json(path, repr(os.fspath(model))))
     module_names = {
-        kind_name: claim.record.module_name
+        str(kind_name): claim.record.module_name
         for kind_name, claim in registry.claims("kvcore_layer_kinds").items()
     }
     fields = ModelFields(name=name, source=str(path), config=config, module_names=module_names)

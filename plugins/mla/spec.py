@@ -97,7 +97,9 @@ class MLAAttentionSpec(AttentionSpec):
     def page_parts(self) -> tuple[PagePart, ...]:
         """The latent rows, ``(block_size, heads, head_size)``; packed formats as raw bytes."""
         if self.cache_dtype_str is not None:
-            shape = (self.block_size, CACHE_DTYPE_BYTES_PER_TOKEN[self.cache_dtype_str])
-            return (PagePart(name="latent", offset=0, shape=shape, dtype="uint8"),)
+            record = CACHE_DTYPE_BYTES_PER_TOKEN[self.cache_dtype_str]
+            return (
+                PagePart(name="latent", offset=0, shape=(self.block_size, record), dtype="uint8"),
+            )
         shape = (self.block_size, self.num_kv_heads, self.head_size + self.head_size_v)
         return (PagePart(name="latent", offset=0, shape=shape, dtype=self.dtype),)

@@ -253,3 +253,38 @@ def test_a_builder_reading_an_undeclared_option_is_named():
     undeclared = r"reads plan option 'mode', .*\(declared: cache_mode\)"
     with pytest.raises(InvalidConfigError, match=undeclared):
         layer.option("mode")
+
+
+# -- alignment rules live on the spec classes -----------------------------------------
+
+
+def test_a_state_follows_the_attention_block_size_only_when_its_class_says_so():
+    """Formerly guessed by comparing block sizes: a "none"-mode state of 16 tokens followed."""
+    from kvcore._planning.alignment import align_state_pages
+    from kvcore_plugins.full_attention import FullAttentionSpec
+    from kvcore_plugins.mamba import MambaSpec
+
+    attention = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype="float16")
+    # A 4,096-byte state; attention: 256 bytes per token, so blocks grow to 16.
+    state = {"shapes": ((1024,),), "dtypes": ("float32",)}
+    aligned = align_state_pages(
+        {
+            "attn": attention,
+            "align": MambaSpec(block_size=16, mamba_cache_mode="align", **state),
+            "none": MambaSpec(block_size=16, mamba_cache_mode="none", **state),
+        }
+    )
+    assert aligned["attn"].block_size == 16
+    # Twice the state: attention blocks grow to 32 tokens; only the aligned state follows.
+    big = {"shapes": ((2048,),), "dtypes": ("float32",)}
+    aligned = align_state_pages(
+        {
+            "attn": attention,
+            "align": MambaSpec(block_size=16, mamba_cache_mode="align", **big),
+            "none": MambaSpec(block_size=16, mamba_cache_mode="none", **big),
+        }
+    )
+    assert aligned["attn"].block_size == 32
+    assert aligned["align"].block_size == 32
+    assert aligned["none"].block_size == 16
+    assert aligned["align"].page_size_bytes == aligned["none"].page_size_bytes == 8192
