@@ -56,3 +56,15 @@ def test_disabled_it_is_named_as_the_plugin_to_enable():
     config = kvcore.KVCacheConfig.from_specs(9, [spec()])
     with pytest.raises(UnknownSpecError, match="belongs to plugin 'compressed'"):
         kvcore.KVCacheManager(config, max_model_len=1024, registry=registry)
+
+
+def test_its_page_is_what_torch_allocates():
+    """Formerly a 512-byte page part for a 128-byte page: a storage out-of-bounds error."""
+    layer_specs = {"a": spec(), "b": spec()}
+    groups = kvcore.get_kv_cache_groups(layer_specs)
+    config = kvcore.get_kv_cache_config(groups, 0, num_blocks=8)
+    buffers = kvcore.allocate_kv_cache(config)
+    view = buffers["a"]
+    # 16 / 4 = 4 vectors per block, 2 heads, 64 + 64 elements.
+    assert tuple(view.shape) == (8, 4, 2, 128)
+    assert buffers.buffer.numel() == 8 * 2 * 2048
