@@ -13,6 +13,7 @@ from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheE
 from kvcore._hashing import HASH_ALGORITHMS, BlockHasher
 from kvcore._kv_cache_manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
 from kvcore._planning.allocate import KVCacheBuffers, allocate_kv_cache
+from kvcore._planning.fields import ConfigFields
 from kvcore._planning.grouping import get_kv_cache_groups
 from kvcore._planning.layer_config import LayerConfig, LayerKind, PlanOption
 from kvcore._planning.memory import format_bytes, parse_memory
@@ -96,6 +97,7 @@ __all__ = [
     "load_model_config",
     "ModelConfig",
     "ModelFields",
+    "ConfigFields",
     "ModelLayer",
     "LayerConfig",
     "LayerKind",

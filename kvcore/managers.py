@@ -149,7 +149,7 @@ class SingleTypeManager(Generic[SpecT]):
         block_pool: The shared :class:`~kvcore.BlockPool`.
         kv_cache_group_id: Index of the group in the KV cache config.
         enable_caching: Whether prefix caching is on.
-        null_block: :data:`~kvcore.managers.NULL_BLOCK`.
+        null_block: :data:`~kvcore.NULL_BLOCK`.
         req_to_blocks: Block table per request id (null blocks where the
             type dropped a block).
         num_cached_block: Per *running* request, how many leading blocks of its

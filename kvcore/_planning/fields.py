@@ -1,11 +1,4 @@
-"""Reading ``config.json`` fields with errors that name the file, the field and the fix.
-
-Shared by :class:`~kvcore.ModelFields` (what the model-layers hook sees) and
-:class:`~kvcore.LayerConfig` (what a layer-kind builder sees): every read of a
-number checks its type, so a word, a fraction or a negative count in a config
-is refused with a message instead of surfacing as a ``ValueError`` or
-``ZeroDivisionError`` deep inside a plugin.
-"""
+"""Reading ``config.json`` fields with errors that name the file, the field and the fix."""
 
 from __future__ import annotations
 
@@ -14,17 +7,25 @@ from typing import Any
 
 from kvcore.errors import InvalidConfigError
 
-__all__ = ["FieldReader", "MISSING"]
+__all__ = ["MISSING", "ConfigFields"]
 
 #: Marks a field that is absent (or ``null``) in the config.
 MISSING: Any = object()
 
 
-class FieldReader:
-    """Typed reads of ``self.config``; subclasses say where the fields come from.
+class ConfigFields:
+    """Typed reads of a model config's fields, with errors naming the file and the field.
 
-    Subclasses provide ``config`` (the fields) and :meth:`_where` (the start
-    of every message: the model, the file, the layer).
+    The base of :class:`~kvcore.ModelFields` (what the
+    :func:`~kvcore.hookspecs.kvcore_model_layers` hook sees) and
+    :class:`~kvcore.LayerConfig` (what a layer-kind builder sees). Every read
+    of a number checks its type, so a word, a fraction or a zero in a count
+    is refused with a message naming the model, the file, the field and the
+    fix, instead of surfacing as a ``ValueError`` or ``ZeroDivisionError``
+    inside a plugin.
+
+    Attributes:
+        config: The fields, read-only.
     """
 
     __slots__ = ()

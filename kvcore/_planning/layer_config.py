@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from kvcore._planning.fields import FieldReader
+from kvcore._planning.fields import ConfigFields
 from kvcore.errors import InvalidConfigError
 from kvcore.specs import KIND_PATTERN, KVCacheSpec, non_negative_int, positive_int
 
@@ -43,14 +43,14 @@ def _check_name(instance: object, attribute: attrs.Attribute[Any], value: object
 
 
 @attrs.frozen(kw_only=True)
-class LayerConfig(FieldReader):
+class LayerConfig(ConfigFields):
     """One cache-holding layer of a model, as handed to a layer-kind builder.
 
     See the :func:`~kvcore.hookspecs.kvcore_layer_kinds` hook. Read config
-    fields with :meth:`require_int`, :meth:`get_int`, :meth:`require` and
-    :meth:`get`: their errors name the model, the file, the layer and the
-    field, so a builder never needs its own checks for a missing or
-    malformed field.
+    fields with the :class:`~kvcore.ConfigFields` readers (``require_int``,
+    ``get_int``, ``require``, ``get``): their errors name the model, the file,
+    the layer and the field, so a builder never needs its own checks for a
+    missing or malformed field.
 
     Attributes:
         name: The layer's name, e.g. ``"model.layers.5.self_attn"``; the

@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from kvcore._planning.fields import FieldReader
+from kvcore._planning.fields import ConfigFields
 from kvcore._planning.layer_config import LayerConfig, LayerKind
 from kvcore._plugin_calls import call_plugin
 from kvcore._registry import Registry
@@ -68,11 +68,12 @@ def _read_only(value: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 @attrs.frozen(kw_only=True)
-class ModelFields(FieldReader):
+class ModelFields(ConfigFields):
     """A model's ``config.json`` fields, as the ``kvcore_model_layers`` hook sees them.
 
-    Read fields with :meth:`require_int`, :meth:`get_int`, :meth:`require`
-    and :meth:`get`: their errors name the model, the file and the field.
+    Read fields with the :class:`~kvcore.ConfigFields` readers
+    (``require_int``, ``get_int``, ``require``, ``get``): their errors name
+    the model, the file and the field.
 
     Attributes:
         name: The model's name (shipped name, or the config's directory).
