@@ -52,8 +52,9 @@ def _draw(plt: Any, report: SimulationReport, path: str | Path) -> None:
     times = [s.time_s for s in samples]
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.4), sharex=True)
     top.plot(times, [100 * s.used_blocks / usable for s in samples], color="black", label="pool")
-    # Groups with the same series (Gemma-3's six sliding-window groups hold the
-    # same blocks at every step) are one line labelled with all of them.
+    # Groups with the same series (the groups of one windowed type, strided
+    # over a model's layers, hold the same blocks at every step) are one line
+    # labelled with all of them.
     series: dict[tuple[int, ...], list[dict[str, Any]]] = {}
     for group in data["blocks"]["groups"]:
         values = tuple(s.group_blocks[group["group"]] for s in samples)
