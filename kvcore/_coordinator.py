@@ -204,6 +204,14 @@ class UnitaryCoordinator(KVCacheCoordinator):
         self._spec = self._manager.spec
         self._block_size = self._spec.block_size
         self._group_ids = (0,)
+        # The fields of every HitQuery of this group after the two that change.
+        self._query_tail = (
+            self._group_ids,
+            self.block_pool,
+            self._spec,
+            self.use_eagle,
+            self._block_size,
+        )
 
     # One group: the fan-out methods call the manager directly (no loop); they
     # run for every request on every step.
@@ -236,18 +244,7 @@ class UnitaryCoordinator(KVCacheCoordinator):
     ) -> tuple[Hits, int]:
         """The group's own longest hit."""
         hits = self._manager.find_longest_cache_hit(
-            _new_query(
-                HitQuery,
-                (
-                    block_hashes,
-                    max_cache_hit_length,
-                    self._group_ids,
-                    self.block_pool,
-                    self._spec,
-                    self.use_eagle,
-                    self._block_size,
-                ),
-            )
+            _new_query(HitQuery, (block_hashes, max_cache_hit_length) + self._query_tail)
         )
         return hits, len(hits[0]) * self._block_size
 
