@@ -243,9 +243,9 @@ class UnitaryCoordinator(KVCacheCoordinator):
         self, block_hashes: Sequence[Hashable], max_cache_hit_length: int
     ) -> tuple[Hits, int]:
         """The group's own longest hit."""
-        hits = self._manager.find_longest_cache_hit(
-            _new_query(HitQuery, (block_hashes, max_cache_hit_length) + self._query_tail)
-        )
+        # Concatenation: twice as fast as unpacking the tail into a display.
+        query = (block_hashes, max_cache_hit_length) + self._query_tail  # noqa: RUF005
+        hits = self._manager.find_longest_cache_hit(_new_query(HitQuery, query))
         return hits, len(hits[0]) * self._block_size
 
 

@@ -18,10 +18,13 @@ The registry exposes the records through
 :meth:`~kvcore.Registry.claims` (keyed hooks) and
 :meth:`~kvcore.Registry.records` (all hooks); add a typed accessor on the
 registry for the common lookups. A hook without arguments is called at load
-and its records stored (``call_at_load=True``). A hook taking arguments that
-only exist later (a model's config) is not called at load: its records are
-the implementations themselves, called later through
-:meth:`~kvcore.Registry.first_result`, which wraps what they raise.
+and its records stored (``call_at_load=True``). A hook that cannot run at
+load, because it takes arguments that only exist later (a model's config) or
+because it is expensive (it imports torch), is not called at load: its
+implementations are kept, in the plugin manager's order, and called later
+through :meth:`~kvcore.Registry.first_result` (the first answer wins) or
+:meth:`~kvcore.Registry.gather` (every plugin's records, checked and indexed
+by key as at load); both wrap what the implementations raise.
 
 Example, a hook returning eviction policies by name::
 
@@ -134,6 +137,31 @@ def _implementations(plugin: str, result: object) -> tuple[Any, ...]:
     return (result,)
 
 
+def _reference_kernels(plugin: str, result: object) -> tuple[tuple[type[Any], Any], ...]:
+    # Imported here: kvcore.reference imports torch, and this hook is only
+    # gathered when an executor is built.
+    from kvcore.reference import ReferenceKernel
+    from kvcore.specs import KVCacheSpec
+
+    ok = (
+        isinstance(result, Mapping)
+        and bool(result)
+        and all(
+            isinstance(spec, type)
+            and issubclass(spec, KVCacheSpec)
+            and isinstance(kernel, ReferenceKernel)
+            for spec, kernel in result.items()
+        )
+    )
+    if not ok:
+        expected = (
+            "a non-empty mapping of spec classes to kvcore.reference.ReferenceKernel instances"
+        )
+        raise bad_result(plugin, "kvcore_reference_kernels", expected, result)
+    assert isinstance(result, Mapping)
+    return tuple(result.items())
+
+
 def _kind_names(kind: LayerKind) -> Sequence[str]:
     return kind.names
 
@@ -154,6 +182,13 @@ COLLECTED_HOOKS: Final[tuple[CollectedHook, ...]] = (
     ),
     CollectedHook("kvcore_plan_options", _plan_options),
     CollectedHook("kvcore_model_layers", _implementations, call_at_load=False),
+    CollectedHook(
+        "kvcore_reference_kernels",
+        _reference_kernels,
+        keys=lambda item: (item[0],),
+        what="the reference kernel of",
+        call_at_load=False,
+    ),
 )
 
 

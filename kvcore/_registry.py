@@ -17,7 +17,7 @@ from typing import Any, Generic
 import attrs
 
 from kvcore._contract import check_manager_class, check_spec_class, qualname
-from kvcore._hook_collection import COLLECTED_HOOKS, collected_hook
+from kvcore._hook_collection import COLLECTED_HOOKS, CollectedHook, collected_hook
 from kvcore._planning.layer_config import LayerKind, PlanOption
 from kvcore._plugin_calls import call_plugin, how_to_disable
 from kvcore.errors import (
@@ -130,36 +130,46 @@ class HookCall:
     argnames: tuple[str, ...] = ()
 
 
-def _index(plugins: tuple[PluginInfo, ...]) -> dict[str, dict[Hashable, Claim]]:
-    """Hook name → key → claim, refusing two plugins claiming one key."""
-    index: dict[str, dict[Hashable, Claim]] = {}
-    for collected in COLLECTED_HOOKS:
-        keys_of = collected.keys
-        if keys_of is None:
-            continue
-        claims: dict[Hashable, Claim] = {}
-        for plugin in plugins:
-            for record in plugin.contributions.get(collected.hook, ()):
-                for key in keys_of(record):
-                    previous = claims.get(key)
-                    if previous is not None:
-                        label = collected.describe_key(key)
-                        if previous.plugin.name == plugin.name:
-                            msg = (
-                                f"plugin {plugin.name!r} claims {collected.what} {label} twice "
-                                f"in its {collected.hook} hook; claim it once"
-                            )
-                            raise HookImplementationError(msg)
+def _claims(
+    collected: CollectedHook, results: Iterable[tuple[PluginInfo, tuple[Any, ...]]]
+) -> dict[Hashable, Claim]:
+    """Key → claim over every plugin's records of one hook; two claims of a key are refused."""
+    keys_of = collected.keys
+    assert keys_of is not None
+    claims: dict[Hashable, Claim] = {}
+    for plugin, records in results:
+        for record in records:
+            for key in keys_of(record):
+                previous = claims.get(key)
+                if previous is not None:
+                    label = collected.describe_key(key)
+                    if previous.plugin.name == plugin.name:
                         msg = (
-                            f"{collected.what} {label} is claimed by plugin "
-                            f"{previous.plugin.name!r} and by plugin {plugin.name!r} (both "
-                            f"through {collected.hook}); disable one of the two plugins "
-                            f"({how_to_disable(plugin.name)})"
+                            f"plugin {plugin.name!r} claims {collected.what} {label} twice "
+                            f"in its {collected.hook} hook; claim it once"
                         )
-                        raise PluginConflictError(msg)
-                    claims[key] = Claim(record, plugin)
-        index[collected.hook] = claims
-    return index
+                        raise HookImplementationError(msg)
+                    msg = (
+                        f"{collected.what} {label} is claimed by plugin "
+                        f"{previous.plugin.name!r} and by plugin {plugin.name!r} (both "
+                        f"through {collected.hook}); disable one of the two plugins "
+                        f"({how_to_disable(plugin.name)})"
+                    )
+                    raise PluginConflictError(msg)
+                claims[key] = Claim(record, plugin)
+    return claims
+
+
+def _index(plugins: tuple[PluginInfo, ...]) -> dict[str, dict[Hashable, Claim]]:
+    """Hook name → key → claim for the keyed hooks called at load."""
+    return {
+        collected.hook: _claims(
+            collected,
+            ((plugin, plugin.contributions.get(collected.hook, ())) for plugin in plugins),
+        )
+        for collected in COLLECTED_HOOKS
+        if collected.keys is not None and collected.call_at_load
+    }
 
 
 @attrs.frozen
@@ -268,6 +278,31 @@ class Registry:
             if result is not None:
                 return call.plugin, result
         return None
+
+    def gather(self, hook: str) -> Mapping[Hashable, Claim]:
+        """Call every plugin's implementations of a hook kept for later; index their records.
+
+        For hooks too expensive to call at load (one importing torch). Each
+        result is checked as it would be at load, and two plugins claiming one
+        key raise :class:`~kvcore.errors.PluginConflictError` naming both.
+        Whatever an implementation raises comes out as
+        :class:`~kvcore.errors.HookImplementationError` naming the plugin.
+
+        Raises:
+            KeyError: ``hook`` is not a collected hook with keys.
+        """
+        collected = collected_hook(hook)
+        if collected.keys is None:
+            raise KeyError(hook)
+        by_plugin = {plugin.name: plugin for plugin in self.plugins}
+        calls = self.hook_calls.get(hook, ())
+        results = []
+        for plugin in self.plugins:
+            for call in calls:
+                if call.plugin == plugin.name:
+                    result = call_plugin(plugin.name, f"its {hook} hook", call.function)
+                    results.append((by_plugin[call.plugin], collected.records(plugin.name, result)))
+        return MappingProxyType(_claims(collected, results))
 
     # -- attention types ---------------------------------------------------------------
 

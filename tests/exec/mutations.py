@@ -18,7 +18,7 @@ from kvcore._coordinator import HybridCoordinator
 from kvcore._hashing import BlockHasher, hashes_at_block_size
 from kvcore._kv_cache_manager import KVCacheManager
 from kvcore.executor import EngineRequest
-from kvcore.managers import NULL_BLOCK, SingleTypeManager
+from kvcore.managers import NULL_BLOCK, HitQuery, SingleTypeManager
 from kvcore_plugins.chunked_local import ChunkedLocalAttentionManager
 from kvcore_plugins.cross_attention import CrossAttentionManager
 from kvcore_plugins.mamba import MambaManager
@@ -88,13 +88,13 @@ def _mamba_frees_the_live_state(mp: Any) -> None:
 def _mamba_hit_reads_the_previous_checkpoint(mp: Any) -> None:
     original = MambaManager.find_longest_cache_hit.__func__  # type: ignore[attr-defined]
 
-    def earlier(
-        cls: Any, block_hashes: Any, max_length: int, group_ids: Any, pool: Any, *rest: Any
-    ) -> Any:
-        hits = original(cls, block_hashes, max_length, group_ids, pool, *rest)
+    def earlier(cls: Any, query: HitQuery[Any]) -> Any:
+        hits = original(cls, query)
         index = len(hits[0]) - 1
         if index >= 1:
-            previous = pool.get_cached_block(block_hashes[index - 1], group_ids)
+            previous = query.cache.get_cached_block(
+                query.block_hashes[index - 1], query.kv_cache_group_ids
+            )
             if previous is not None:
                 # The hit's length, with the state of one block boundary earlier.
                 return tuple([NULL_BLOCK] * index + [block] for block in previous)
@@ -175,13 +175,15 @@ def _hybrid_hit_not_trimmed(mp: Any) -> None:
         for group in self._spec_groups:
             if group.downward_closed:
                 longer = group.manager_cls.find_longest_cache_hit(
-                    hashes_at_block_size(block_hashes, self.hash_block_size, group.block_size),
-                    max_length,
-                    group.group_ids,
-                    self.block_pool,
-                    group.spec,
-                    False,
-                    group.block_size,
+                    HitQuery(
+                        hashes_at_block_size(block_hashes, self.hash_block_size, group.block_size),
+                        max_length,
+                        group.group_ids,
+                        self.block_pool,
+                        group.spec,
+                        False,
+                        group.block_size,
+                    )
                 )
                 for group_id, blocks in zip(group.group_ids, longer, strict=True):
                     hits[group_id] = blocks

@@ -86,7 +86,11 @@ def test_attention_reads_a_block_written_in_the_same_step_in_time():
 def test_mamba_without_prefix_caching_keeps_one_state_per_request():
     path = tiny_model_path("tiny-qwen-next")
     plan = kvcore.plan(
-        path, memory="1MiB", block_size=4, max_num_batched_tokens=32, mamba_cache_mode="none"
+        path,
+        memory="1MiB",
+        block_size=4,
+        max_num_batched_tokens=32,
+        options={"mamba.cache_mode": "none"},
     )
     states = [g.kv_cache_spec for g in plan.kv_cache_config.kv_cache_groups]
     assert {s.block_size for s in states if s.kind == "mamba"} == {plan.max_model_len}

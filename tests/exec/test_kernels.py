@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kvcore
-from kvcore import KVCacheGroupSpec, PluginInfo, Registry
+from kvcore import KVCacheGroupSpec
 from kvcore.errors import HookImplementationError, PluginConflictError, UnknownSpecError
 from kvcore.executor import (
     EngineRequest,
@@ -129,7 +129,14 @@ def test_attend_is_scaled_dot_product_attention():
             ),
             lambda t, s: (s <= t) & (s // 4 == t // 4),
         ),
-        (full_spec(sliding_window=3), lambda t, s: (s <= t) & (s > t - 3)),
+        (
+            full_spec(
+                compute_spec=SlidingWindowSpec(
+                    block_size=4, num_kv_heads=1, head_size=2, dtype="float64", sliding_window=3
+                )
+            ),
+            lambda t, s: (s <= t) & (s > t - 3),
+        ),
     ],
     ids=["full", "sliding", "chunked", "full-recording-a-window"],
 )
@@ -304,26 +311,23 @@ def test_loading_plugins_does_not_import_torch():
 
 
 def with_plugin(name, attribute):
-    """The built-in plugins plus ``kernel_plugins.<attribute>`` serving the temperature type."""
-    from kernel_plugins import TemperatureAttentionManager, TemperatureAttentionSpec
+    """The installed plugins plus ``kernel_plugins.<attribute>``, passed in by name."""
+    import kernel_plugins
 
-    types = (kvcore.LayerType(TemperatureAttentionSpec, TemperatureAttentionManager),)
-    info = PluginInfo(name=name, module=f"kernel_plugins:{attribute}", layer_types=types)
-    return Registry((*kvcore.load_registry().plugins, info))
+    return kvcore.load_registry(plugins={name: getattr(kernel_plugins, attribute)}, environ={})
 
 
 def test_two_kernels_for_one_spec_class_conflict():
-    info = PluginInfo(name="dup", module="kernel_plugins:Duplicate")
-    registry = Registry((*kvcore.load_registry().plugins, info))
+    registry = with_plugin("dup", "Duplicate")
     with pytest.raises(
-        PluginConflictError, match=r"FullAttentionSpec .* 'full_attention' .* 'dup'"
+        PluginConflictError, match=r"FullAttentionSpec is claimed by plugin 'dup' and by plugin "
+        r"'full_attention' \(both through kvcore_reference_kernels\)"
     ):
         reference_kernels(registry)
 
 
 def test_a_hook_returning_something_else_is_named():
-    info = PluginInfo(name="bad", module="kernel_plugins:BadReturn")
-    registry = Registry((*kvcore.load_registry().plugins, info))
+    registry = with_plugin("bad", "BadReturn")
     with pytest.raises(HookImplementationError, match="plugin 'bad': kvcore_reference_kernels"):
         reference_kernels(registry)
 

@@ -72,7 +72,7 @@ def _layer_specs(plan):
 def test_tiny_hybrid_raises_the_block_size_and_pads_the_mamba_pages():
     plan = tiny_plan("tiny-hybrid")
     kinds = {spec.kind for spec in plan.layer_specs.values()}
-    assert kinds == {"full_attention", "sliding_window", "chunked_local_attention", "mamba"}
+    assert kinds == {"full_attention", "sliding_window", "chunked_local", "mamba"}
     # 2 KV heads x (4 + 4) x 8 bytes = 128 bytes per token; the Mamba-2 state is
     # (3 x 16 + 2 x 4 x 4) x 8 = 640 bytes: 16 x ceil(640 / (16 x 128)) = 16 tokens.
     assert {group.kv_cache_spec.block_size for group in _groups(plan)} == {16}
@@ -89,7 +89,7 @@ def test_tiny_gemma_has_a_padding_slot_and_unified_mode_records_the_window():
     unified = tiny_plan("tiny-gemma", hybrid=False)
     (group,) = _groups(unified)
     assert isinstance(group.kv_cache_spec, FullAttentionSpec)
-    assert group.kv_cache_spec.sliding_window == 6
+    assert group.kv_cache_spec.compute_spec.sliding_window == 6
 
 
 def test_tiny_mla_unifies_pages_by_scaling_the_mla_block_size():
@@ -113,7 +113,7 @@ def test_tiny_mla_fallback_allocates_the_windows_as_full_attention():
         "FullAttentionSpec",
         "MLAAttentionSpec",
     ]
-    assert specs[1].sliding_window == 10
+    assert specs[1].compute_spec.sliding_window == 10
     assert isinstance(specs[0], MLAAttentionSpec)
 
 
