@@ -63,14 +63,14 @@ class SlidingWindowManager(SingleTypeManager[SlidingWindowSpec]):
             blocks.
         """
         kv_cache_spec = query.spec
+        block_size = kv_cache_spec.block_size
+        max_blocks = query.max_length // block_size
+        if max_blocks <= 0:
+            return query.no_hit()
         kv_cache_group_ids = query.kv_cache_group_ids
         block_hashes = query.block_hashes
         alignment_tokens = query.alignment_tokens
         use_eagle = query.use_eagle
-        block_size = kv_cache_spec.block_size
-        max_blocks = query.max_length // block_size
-        if max_blocks <= 0:
-            return tuple([] for _ in kv_cache_group_ids)
         drop = 1 if use_eagle else 0
         # A window of one token needs no earlier block, but the reference still
         # requires the run's last block to be cached; treat it as a run of one.
