@@ -1,7 +1,8 @@
 """The registry: everything the selected plugins provide, collected once and checked.
 
 Built by :func:`kvcore.load_registry`: every hook of every selected plugin is
-called once (or, for a hook taking arguments, its implementations are kept),
+called once (or, for a hook taking arguments or importing torch, its
+implementations are kept and called later through the registry),
 the records are checked against the plugin contract, and double claims are
 refused. Nothing here runs on the allocation path: the engine resolves spec
 type → manager class once, when a KV cache manager is made.

@@ -3,10 +3,12 @@
 A plugin is a module (or any object) registered under the ``kvcore``
 entry-point group whose functions are marked with :data:`hookimpl`. Hooks are
 named ``kvcore_*`` and take keyword arguments only. A registry
-(:func:`kvcore.load_registry`) calls every hook of every selected plugin
+(:func:`kvcore.load_registry`) calls the hooks of every selected plugin
 **once**, when it is built, and keeps what they returned; hooks never run on
 the allocation path. A hook that takes arguments
-(:func:`kvcore_model_layers`) is kept and called when a model is planned.
+(:func:`kvcore_model_layers`) or is expensive
+(:func:`kvcore_reference_kernels`, which imports torch) is kept and called
+when a model is planned or an executor is built.
 
 Whatever a hook (or a function it returned) raises comes out as a
 :class:`~kvcore.errors.HookImplementationError` naming the plugin, the hook

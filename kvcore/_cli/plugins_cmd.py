@@ -28,7 +28,7 @@ def add_parser(subparsers: Any) -> None:
             "List the kvcore plugins found through the 'kvcore' entry-point group: for "
             "each, its distribution, its attention types (spec class, kind, manager "
             "class), the layer kinds it builds from model configs, whether it recognizes "
-            "model configs, and its plan options. Loading calls every hook of every "
+            "model configs, and its plan options. Loading calls the hooks of every "
             "selected plugin, so a broken plugin is reported here. Plugins left out by "
             "the selection are listed as not loaded."
         ),
