@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from kvcore._cli.fleet_options import add_fleet_options, run_fleet
 from kvcore._cli.plugins_cmd import add_selection_options, registry_from_args
 from kvcore._hashing import HASH_ALGORITHMS
 from kvcore._sim.report import format_report
@@ -147,6 +148,7 @@ def add_parser(subparsers: Any) -> None:
         "against the same model run with no cache (CUDA if available, else CPU; for tiny "
         "models such as tiny-hybrid, see kvcore.executor, with a small --memory)",
     )
+    add_fleet_options(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--plot",
@@ -190,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
         args.trace, limit=args.limit, seed=args.seed, skip_bad_lines=args.skip_bad_lines
     )
     registry = registry_from_args(args)
+    if args.engines is not None:
+        return run_fleet(args, workload, options, registry)
     executor = None
     if args.execute:
         from kvcore._exec.simulate import SimulationExecutor, resolve_model

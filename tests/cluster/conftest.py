@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from redis_server import RedisServer, redis_server_binary
+
+
+@pytest.fixture(scope="session")
+def redis_session(tmp_path_factory):
+    """A redis-server for the whole session (tests use their own namespaces)."""
+    server = RedisServer(redis_server_binary(), tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A redis-server of the test's own, which the test may stop and start again."""
+    server = RedisServer(redis_server_binary(), tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"test-{uuid.uuid4().hex[:10]}"
