@@ -26,19 +26,26 @@ from kvcore.testing import admit
 @pytest.fixture(params=["embedded", "redis"])
 def make_index(request):
     """Indexes on the in-process backend and on a real Redis (one namespace per index)."""
+    made = []
 
     def make(specs, **kwargs):
         lay = layout(specs)
         if request.param == "embedded":
-            return ClusterIndex(lay, EmbeddedBackend(), **kwargs)
-        from kvcore.cluster import RedisBackend
+            index = ClusterIndex(lay, EmbeddedBackend(), **kwargs)
+        else:
+            from kvcore.cluster import RedisBackend
 
-        server = request.getfixturevalue("redis_session")
-        namespace = f"test-{uuid.uuid4().hex[:10]}"
-        backend = RedisBackend(server.url, len(lay.config.kv_cache_groups), namespace=namespace)
-        return ClusterIndex(lay, backend, **kwargs)
+            server = request.getfixturevalue("redis_session")
+            namespace = f"test-{uuid.uuid4().hex[:10]}"
+            groups = len(lay.config.kv_cache_groups)
+            backend = RedisBackend(server.url, groups, namespace=namespace)
+            index = ClusterIndex(lay, backend, **kwargs)
+        made.append(index)
+        return index
 
-    return make
+    yield make
+    for index in made:
+        index.close()
 
 
 def feed(index, engine):
