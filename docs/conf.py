@@ -61,7 +61,7 @@ toc_object_entries_show_parents = "hide"
 # outside kvcore, which have no inventory offline, are exempt.
 nitpicky = True
 nitpick_ignore_regex = [
-    (r"py:.*", r"(collections|typing|types|abc|pathlib|argparse|enum|array)\..*"),
+    (r"py:.*", r"(collections|typing|types|abc|pathlib|argparse|enum|array|time)\..*"),
     (r"py:.*", r"(attrs|attr|pluggy|numpy|np|torch)(\..*)?"),
     (r"py:.*", r"(Hashable|Sequence|Mapping|Iterable|Iterator|Callable|Any|ClassVar|Final)"),
     (r"py:.*", r"(Self|SpecT|KVCacheEvent|Literal|MambaCacheMode|Path|ndarray)"),

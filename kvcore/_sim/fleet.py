@@ -12,7 +12,9 @@ shared simulated clock:
   step its KV events are published as one batch (encoded to vLLM's wire
   format and decoded again, with a sequence number), and the index takes it,
   as a subscriber would. The index applies queued batches before it answers
-  a query (one round trip for Redis).
+  a query (one round trip for Redis). Only the ``prefix`` router reads the
+  index, so with the other policies the engines publish no events and the
+  index figures are zero.
 
 Reported: per engine and in total, the prompt tokens hit at first admission,
 the running requests (sampled at every arrival, which samples time without
@@ -300,13 +302,18 @@ def format_fleet_report(report: FleetReport) -> str:
         f"   {e.preemptions:>11,}"
         for e in report.engines
     )
+    if opts.router == "prefix":
+        lines += [
+            f"  index        {index.batches:,} batches, {index.events:,} events, "
+            f"{index.block_ops:,} block ops; applied at {index.applied_block_ops_per_s:,.0f} "
+            f"block ops/s against {index.produced_block_ops_per_s:,.0f}/s produced "
+            f"(peak {index.peak_block_ops_per_s:,.0f}/s over {_RATE_WINDOW_S:g} s)",
+            f"               {index.queries:,} queries at {index.queries_per_s:,.0f}/s"
+            + (f"; {index.degraded_routes:,} routed by load only" if index.degraded_routes else ""),
+        ]
+    else:
+        lines.append(f"  index        not consulted by the {opts.router} router")
     lines += [
-        f"  index        {index.batches:,} batches, {index.events:,} events, "
-        f"{index.block_ops:,} block ops; applied at {index.applied_block_ops_per_s:,.0f} "
-        f"block ops/s against {index.produced_block_ops_per_s:,.0f}/s produced "
-        f"(peak {index.peak_block_ops_per_s:,.0f}/s over {_RATE_WINDOW_S:g} s)",
-        f"               {index.queries:,} queries at {index.queries_per_s:,.0f}/s"
-        + (f"; {index.degraded_routes:,} routed by load only" if index.degraded_routes else ""),
         f"  wall time    {report.wall_s:.2f} s",
     ]
     return "\n".join(lines)
@@ -414,7 +421,8 @@ def simulate_fleet(
             max_model_len,
             registry=registry,
             hash_algorithm=options.hash_algorithm,
-            enable_kv_cache_events=True,
+            # Only the prefix router reads the index: the others run without events.
+            enable_kv_cache_events=fleet.router == "prefix",
         )
         for _ in names
     ]

@@ -24,7 +24,7 @@ class ReadyBatch:
         seq: Its sequence number (consecutive per engine).
         ts: Its timestamp, in seconds.
         ops: ``(op, group, block_hashes)`` in event order; ``op`` is
-            :data:`STORE`, :data:`REMOVE` or :data:`CLEAR` (group and hashes
+            ``STORE`` (1), ``REMOVE`` (-1) or ``CLEAR`` (0, group and hashes
             unused).
         reset: Forget the engine's entries before applying (it restarted, or
             events were lost), whatever sequence number the backend has.

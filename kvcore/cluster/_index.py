@@ -24,10 +24,15 @@ _KEEPALIVE_S = 1.0
 class SubmitResult:
     """What :meth:`ClusterIndex.submit` did with a batch (string constants)."""
 
-    APPLIED = "applied"  #: in order: queued for the backend (with any batches it unblocked)
-    BUFFERED = "buffered"  #: ahead of a gap: held until the missing batches arrive
-    DUPLICATE = "duplicate"  #: already seen (a replay): ignored
-    RESTARTED = "restarted"  #: older sequence number, newer time: the engine restarted
+    #: The batch was in order and is queued for the backend, with any held
+    #: batches it unblocked.
+    APPLIED = "applied"
+    #: The batch is ahead of a gap and held until the missing batches arrive.
+    BUFFERED = "buffered"
+    #: The batch was seen already (a replay) and is ignored.
+    DUPLICATE = "duplicate"
+    #: An older sequence number with a newer time, so the engine restarted.
+    RESTARTED = "restarted"
 
 
 @attrs.define
@@ -89,7 +94,7 @@ class ClusterIndex:
 
     Answers the router's question, *how many tokens of this request would
     engine E hit?*, with each group's own hit rule (see
-    :mod:`kvcore.cluster._hit_rule`): the answer equals the engine's own
+    :class:`FleetLayout`): the answer equals the engine's own
     ``get_computed_blocks`` for the blocks the index has seen.
 
     Event batches carry per-engine sequence numbers (as on the ZMQ wire). The
