@@ -7,7 +7,7 @@ from typing import Final, Protocol
 
 import attrs
 
-__all__ = ["CLEAR", "REMOVE", "STORE", "Backend", "ReadyBatch", "Snapshot"]
+__all__ = ["CLEAR", "REMOVE", "STORE", "Backend", "NotFetchedError", "ReadyBatch", "Snapshot"]
 
 #: Operation codes of :attr:`ReadyBatch.ops`.
 STORE: Final = 1
@@ -37,6 +37,10 @@ class ReadyBatch:
     reset: bool = False
 
 
+class NotFetchedError(Exception):
+    """A snapshot was asked about a block it has not fetched yet (see :class:`Snapshot`)."""
+
+
 class Snapshot:
     """Which engines hold which block hashes of one request, per group.
 
@@ -44,12 +48,27 @@ class Snapshot:
     ``position`` of the list the snapshot was taken for caches
     ``block_hash`` in ``group`` (a hash of the request at the group's block
     size; any other hash is not held).
+
+    A remote backend may fetch only the first blocks of every engine at
+    first; ``holds`` then raises :class:`NotFetchedError` for a later block,
+    and the caller asks :meth:`complete` for the rest of those engines' blocks
+    (one more round trip) and searches again.
     """
 
-    __slots__ = ("holds",)
+    __slots__ = ("_complete", "holds")
 
-    def __init__(self, holds: Callable[[int, int, Hashable], bool]) -> None:
+    def __init__(
+        self,
+        holds: Callable[[int, int, Hashable], bool],
+        complete: Callable[[Sequence[int]], None] | None = None,
+    ) -> None:
         self.holds = holds
+        self._complete = complete
+
+    def complete(self, positions: Sequence[int]) -> None:
+        """Fetch every block of the engines at ``positions`` (no-op when all are fetched)."""
+        if self._complete is not None:
+            self._complete(positions)
 
 
 class Backend(Protocol):

@@ -10,7 +10,7 @@ import attrs
 
 from kvcore._coordinator import KVCacheCoordinator
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from kvcore.cluster._backend import CLEAR, REMOVE, STORE, Backend, ReadyBatch
+from kvcore.cluster._backend import CLEAR, REMOVE, STORE, Backend, NotFetchedError, ReadyBatch
 from kvcore.cluster._embedded import EmbeddedBackend
 from kvcore.cluster._errors import IndexUnavailableError, InvalidConfigError
 from kvcore.cluster._hit_rule import EngineView, FleetLayout, longest_hit
@@ -359,14 +359,29 @@ class ClusterIndex:
             self.stats.unavailable += 1
             msg = f"the cluster index's {self.backend.name} backend is unreachable: {exc}"
             raise IndexUnavailableError(msg) from exc
-        out = {}
+        out: dict[str, int] = {}
         max_length = num_tokens - 1
+        unfinished = []
         for position, engine in enumerate(engines):
             view, coordinator = self._searcher(position)
             view.snapshot = snapshot
-            out[engine] = (
-                longest_hit(coordinator, block_hashes, max_length) if max_length > 0 else 0
-            )
+            try:
+                out[engine] = (
+                    longest_hit(coordinator, block_hashes, max_length) if max_length > 0 else 0
+                )
+            except NotFetchedError:
+                unfinished.append(position)
+        if unfinished:
+            # These engines' searches went past the blocks a remote backend fetched first.
+            try:
+                snapshot.complete(unfinished)
+            except ConnectionError as exc:
+                self.stats.unavailable += 1
+                msg = f"the cluster index's {self.backend.name} backend is unreachable: {exc}"
+                raise IndexUnavailableError(msg) from exc
+            for position in unfinished:
+                _, coordinator = self._searcher(position)
+                out[engines[position]] = longest_hit(coordinator, block_hashes, max_length)
         self.stats.queries += 1
         self.stats.query_s += time.perf_counter() - start
         return out

@@ -8,8 +8,12 @@ Keys, under a namespace ``NS`` (default ``"kvcore"``):
     A hash ``{seq, ts}``: the last batch applied for the engine. Its presence
     means the engine is alive.
 ``NS:e:ENGINE:g:GROUP``
-    A hash: block hash → how many of the engine's blocks in that group are
-    cached with it (an engine can cache two blocks with equal contents).
+    A set: the block hashes the engine has cached in that group.
+``NS:e:ENGINE:c:GROUP``
+    A hash: block hash → how many *more* blocks the engine has cached with a
+    hash already in the set (an engine can cache two blocks with equal
+    contents; rare), so a removal takes a hash out of the set only with its
+    last copy.
 
 Every key of an engine expires ``ttl_s`` after its last batch or heartbeat,
 so a crashed engine's entries vanish by themselves; memory is bounded by what
@@ -19,53 +23,87 @@ script, atomically: it is skipped if its sequence number is not newer than
 the engine's ``seq`` (two routers feeding one Redis, or a retry after a
 dropped reply, never apply a batch twice), and the engine's keys are dropped
 first when the batch resets them (a restart, lost events) or holds an
-``AllBlocksCleared``. Batches are sent many per round trip (pipelined), and
-a query is one script call that returns, per live engine and group, a string
-of ``0``/``1`` flags over the request's hashes.
+``AllBlocksCleared``. The script works with bulk commands (``SMISMEMBER``,
+``SADD``, ``SREM``), not one call per block. Batches are sent many per round
+trip (pipelined), and a query is one script call that returns, per live
+engine and group, a string of ``0``/``1`` flags over the request's hashes.
 
-Block hashes are stored as bytes: a SHA-256 digest as is, an integer hash as
-its decimal digits.
+Block hashes are sent and stored as fixed-width binary fields: a SHA-256
+digest as its 32 bytes, an integer hash as 8 bytes big-endian (two's
+complement). A batch's hashes travel as one packed string per event (one
+``struct.pack`` on the client, sliced by the script), so neither side handles
+hashes one by one in Python.
 
 This module imports redis-py, from kvcore's ``fleet`` extra.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from kvcore.cluster._backend import CLEAR, REMOVE, STORE, ReadyBatch, Snapshot
+from kvcore.cluster._backend import CLEAR, REMOVE, STORE, NotFetchedError, ReadyBatch, Snapshot
 from kvcore.cluster._errors import InvalidConfigError, require
 
-__all__ = ["RedisBackend"]
+__all__ = ["HEAD_BLOCKS", "RedisBackend"]
 
-# KEYS[1] = meta, KEYS[2..] = group keys (group g at KEYS[g + 2]).
-# ARGV = seq, ts, ttl_ms, reset, then ops: op ("S", "R" or "C"), group, count,
-# then count hashes (a clear has group 0 and count 0).
+# KEYS[1] = meta, then one set key per group, then one copies key per group.
+# ARGV = seq, ts, ttl_ms, reset, then per operation: op ("S", "R" or "C"),
+# group, field width, the packed fields (a clear has group 0, width 0, "").
+# A set holds the engine's cached block hashes of a group; the copies hash
+# counts the extra blocks cached with a hash already in the set (rare), so a
+# removal takes the hash out only with its last copy. Bulk commands do the
+# work (SMISMEMBER, SADD, HMGET, SREM); Lua only slices and picks.
 _APPLY = """
 local meta = KEYS[1]
+local num_groups = (#KEYS - 1) / 2
 local seq = tonumber(ARGV[1])
 local last = redis.call('HGET', meta, 'seq')
 if ARGV[4] ~= '1' and last and seq <= tonumber(last) then return 0 end
-if ARGV[4] == '1' then for k = 2, #KEYS do redis.call('DEL', KEYS[k]) end end
+local function clear()
+  for k = 2, #KEYS do redis.call('DEL', KEYS[k]) end
+end
+if ARGV[4] == '1' then clear() end
 local i = 5
 local n = #ARGV
 while i <= n do
   local op = ARGV[i]
-  local count = tonumber(ARGV[i + 2])
   if op == 'C' then
-    for k = 2, #KEYS do redis.call('DEL', KEYS[k]) end
+    clear()
   else
-    local key = KEYS[tonumber(ARGV[i + 1]) + 2]
-    for j = i + 3, i + 2 + count do
+    local group = tonumber(ARGV[i + 1])
+    local key, copies = KEYS[group + 2], KEYS[num_groups + group + 2]
+    local width = tonumber(ARGV[i + 2])
+    local packed = ARGV[i + 3]
+    local fields = {}
+    for p = 1, #packed, width do fields[#fields + 1] = string.sub(packed, p, p + width - 1) end
+    for s = 1, #fields, 4000 do
+      local e = math.min(#fields, s + 3999)
       if op == 'S' then
-        redis.call('HINCRBY', key, ARGV[j], 1)
-      elseif redis.call('HINCRBY', key, ARGV[j], -1) <= 0 then
-        redis.call('HDEL', key, ARGV[j])
+        local present = redis.call('SMISMEMBER', key, unpack(fields, s, e))
+        redis.call('SADD', key, unpack(fields, s, e))
+        for j = 1, #present do
+          if present[j] == 1 then redis.call('HINCRBY', copies, fields[s + j - 1], 1) end
+        end
+      else
+        local extra = redis.call('HMGET', copies, unpack(fields, s, e))
+        local gone = {}
+        for j = 1, #extra do
+          local field = fields[s + j - 1]
+          if extra[j] then
+            if redis.call('HINCRBY', copies, field, -1) <= 0 then
+              redis.call('HDEL', copies, field)
+            end
+          else
+            gone[#gone + 1] = field
+          end
+        end
+        if #gone > 0 then redis.call('SREM', key, unpack(gone)) end
       end
     end
   end
-  i = i + 3 + count
+  i = i + 4
 end
 redis.call('HSET', meta, 'seq', ARGV[1], 'ts', ARGV[2])
 for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ARGV[3]) end
@@ -73,31 +111,37 @@ return 1
 """
 
 # ARGV = namespace, number of groups, number of engines, engine ids, then per
-# group: count, hashes. Returns per engine: {alive (0/1), flags of group 0, ...}.
+# group: field width, packed fields. Returns per engine: {alive (0/1), flags of
+# group 0, flags of group 1, ...}, a flag ("0"/"1") per field.
 _QUERY = """
 local ns = ARGV[1]
 local num_groups = tonumber(ARGV[2])
 local num_engines = tonumber(ARGV[3])
+local fields = {}
+for g = 0, num_groups - 1 do
+  local width = tonumber(ARGV[4 + num_engines + 2 * g])
+  local packed = ARGV[5 + num_engines + 2 * g]
+  local list = {}
+  if width > 0 then
+    for p = 1, #packed, width do list[#list + 1] = string.sub(packed, p, p + width - 1) end
+  end
+  fields[g] = list
+end
 local out = {}
 for e = 1, num_engines do
-  local engine = ARGV[3 + e]
+  local base = ns .. ':e:' .. ARGV[3 + e]
   local row = {}
-  if redis.call('EXISTS', ns .. ':e:' .. engine .. ':meta') == 1 then
+  if redis.call('EXISTS', base .. ':meta') == 1 then
     row[1] = 1
-    local pos = 4 + num_engines
     for g = 0, num_groups - 1 do
-      local count = tonumber(ARGV[pos])
-      local flags = {}
-      local key = ns .. ':e:' .. engine .. ':g:' .. g
-      local done = 0
-      while done < count do
-        local take = math.min(4000, count - done)
-        local values = redis.call('HMGET', key, unpack(ARGV, pos + 1 + done, pos + done + take))
-        for j = 1, take do flags[done + j] = values[j] and '1' or '0' end
-        done = done + take
+      local list = fields[g]
+      local parts = {}
+      for s = 1, #list, 4000 do
+        local e = math.min(#list, s + 3999)
+        local found = redis.call('SMISMEMBER', base .. ':g:' .. g, unpack(list, s, e))
+        parts[#parts + 1] = table.concat(found)
       end
-      row[g + 2] = table.concat(flags)
-      pos = pos + count + 1
+      row[g + 2] = table.concat(parts)
     end
   else
     row[1] = 0
@@ -108,10 +152,32 @@ return out
 """
 
 
-def _field(block_hash: Hashable) -> bytes:
-    if isinstance(block_hash, bytes):
-        return block_hash
-    return str(block_hash).encode()
+def _pack(block_hashes: Sequence[Hashable]) -> tuple[int, bytes]:
+    """``(width, fields)``: the hashes as fixed-width binary fields, concatenated.
+
+    Integer hashes become 8 bytes big-endian (negative ones in two's
+    complement), digests stay as they are (all of one length).
+    """
+    if not block_hashes:
+        return 0, b""
+    first = block_hashes[0]
+    if isinstance(first, bytes):
+        width = len(first)
+        packed = b"".join(block_hashes)  # type: ignore[arg-type]
+        if len(packed) != width * len(block_hashes):
+            msg = "block hashes of one batch must all have the same length"
+            raise ValueError(msg)
+        return width, packed
+    try:
+        return 8, struct.pack(f">{len(block_hashes)}q", *block_hashes)
+    except struct.error:
+        return 8, b"".join((h & _MASK64).to_bytes(8, "big") for h in block_hashes)  # type: ignore[operator]
+
+
+_MASK64 = (1 << 64) - 1
+
+#: Blocks per group fetched for every engine by a query's first round trip.
+HEAD_BLOCKS = 64
 
 
 class RedisBackend:
@@ -174,8 +240,12 @@ class RedisBackend:
         self._known: set[str] = set()
 
     def _keys(self, engine: str) -> list[str]:
+        """The engine's keys: meta, one set per group, one copies hash per group."""
         base = f"{self.namespace}:e:{engine}"
-        return [f"{base}:meta"] + [f"{base}:g:{g}" for g in range(self.num_groups)]
+        groups = range(self.num_groups)
+        return (
+            [f"{base}:meta"] + [f"{base}:g:{g}" for g in groups] + [f"{base}:c:{g}" for g in groups]
+        )
 
     def _call(self, fn: Any, *args: Any) -> Any:
         try:
@@ -201,10 +271,10 @@ class RedisBackend:
             args: list[Any] = [batch.seq, repr(batch.ts), self.ttl_ms, 1 if batch.reset else 0]
             for op, group, block_hashes in batch.ops:
                 if op == CLEAR:
-                    args += (b"C", 0, 0)
-                elif group < self.num_groups:
-                    args += (codes[op], group, len(block_hashes))
-                    args.extend(map(_field, block_hashes))
+                    args += (b"C", 0, 0, b"")
+                elif group < self.num_groups and block_hashes:
+                    width, packed = _pack(block_hashes)
+                    args += (codes[op], group, width, packed)
             self._apply_script(keys=self._keys(batch.engine), args=args, client=pipe)
         results = pipe.execute()
         self._known |= new
@@ -250,32 +320,71 @@ class RedisBackend:
     def snapshot(
         self, engines: Sequence[str], group_hashes: Sequence[Sequence[Hashable]]
     ) -> Snapshot:
-        """One script call: per engine and group, flags over the request's hashes."""
-        args: list[Any] = [self.namespace, self.num_groups, len(engines), *engines]
-        positions: list[dict[Hashable, int]] = []
-        for group in range(self.num_groups):
-            hashes = group_hashes[group] if group < len(group_hashes) else ()
-            args.append(len(hashes))
-            args.extend(_field(h) for h in hashes)
-            positions.append({h: i for i, h in enumerate(hashes)})
-        rows = self._call(self._query_script, [], args) if engines else []
-        flags: list[list[bytes] | None] = [row[1:] if row[0] else None for row in rows]
+        """Flags per live engine and group over the request's first blocks, the rest on demand.
+
+        One script call fetches the first :data:`HEAD_BLOCKS` blocks of every
+        group for every engine; most engines' searches end there (a
+        full-attention prefix stops at its first miss). An engine whose search
+        goes further gets the rest of its blocks in one more call
+        (:meth:`Snapshot.complete`).
+        """
+        hashes = [
+            list(group_hashes[g]) if g < len(group_hashes) else [] for g in range(self.num_groups)
+        ]
+        packed = [_pack(h) for h in hashes]
+        positions = [{h: i for i, h in enumerate(group)} for group in hashes]
+        head = HEAD_BLOCKS
+        flags: list[list[bytes] | None] = self._flags(engines, packed, 0, head)
+        complete_len = [len(group) for group in hashes]
 
         def holds(position: int, group: int, block_hash: Hashable) -> bool:
             row = flags[position]
             if row is None or group >= len(row):
                 return False
             index = positions[group].get(block_hash)
-            return index is not None and row[group][index] == 49  # b"1"
+            if index is None:
+                return False
+            group_flags = row[group]
+            if index >= len(group_flags):
+                raise NotFetchedError
+            return group_flags[index] == 49  # b"1"
 
-        return Snapshot(holds)
+        def complete(wanted: Sequence[int]) -> None:
+            todo = [p for p in wanted if flags[p] is not None]
+            if not todo or all(head >= n for n in complete_len):
+                return
+            rest = self._flags([engines[p] for p in todo], packed, head, None)
+            for p, more in zip(todo, rest, strict=True):
+                row = flags[p]
+                assert row is not None
+                flags[p] = [a + b for a, b in zip(row, more or [b""] * len(row), strict=True)]
+
+        return Snapshot(holds, complete)
+
+    def _flags(
+        self,
+        engines: Sequence[str],
+        packed: Sequence[tuple[int, bytes]],
+        first: int,
+        last: int | None,
+    ) -> list[list[bytes] | None]:
+        """Per engine (``None`` if not alive), per group: flags over blocks ``[first, last)``."""
+        if not engines:
+            return []
+        args: list[Any] = [self.namespace, self.num_groups, len(engines), *engines]
+        for width, fields in packed:
+            stop = None if last is None else last * width
+            args += (width, fields[first * width : stop])
+        rows = self._call(self._query_script, [], args)
+        return [list(row[1:]) if row[0] else None for row in rows]
 
     def cached_blocks(self, engine: str) -> int:
         """Block entries held for ``engine`` (copies counted), all groups."""
-        total = 0
-        for key in self._keys(engine)[1:]:
-            values = self._call(self._client.hvals, key)
-            total += sum(int(v) for v in values)
+        keys = self._keys(engine)
+        sets, copies = keys[1 : 1 + self.num_groups], keys[1 + self.num_groups :]
+        total = sum(self._call(self._client.scard, key) for key in sets)
+        for key in copies:
+            total += sum(int(v) for v in self._call(self._client.hvals, key))
         return total
 
     def last_seq(self, engine: str) -> int | None:

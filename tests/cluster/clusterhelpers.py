@@ -55,7 +55,7 @@ def manager(
 ) -> kvcore.KVCacheManager:
     return kvcore.KVCacheManager(
         config(specs, num_blocks),
-        256,
+        1024,
         registry=REGISTRY,
         hash_algorithm="fast",
         enable_kv_cache_events=True,

@@ -262,3 +262,25 @@ def test_bad_submissions_are_refused_with_the_field_named():
     with pytest.raises(kvcore.InvalidConfigError, match="heartbeat_timeout_s must be > 0"):
         ClusterIndex(layout([full()]), heartbeat_timeout_s=0)
     assert index.live_engines() == []
+
+
+@pytest.mark.parametrize("name", ["full+window", "full+mamba"])
+def test_prompts_longer_than_a_first_fetch_match_the_engine(make_index, name):
+    # Redis fetches the first 64 blocks of every engine, then the rest of the
+    # engines whose search goes further: prompts of up to 100 blocks cross it.
+    specs = LAYOUTS[name]
+    index = make_index(specs)
+    engines = [Engine("a", specs, num_blocks=600), Engine("b", specs, num_blocks=600)]
+    rng = random.Random(11)
+    bases = [[rng.randrange(50) for _ in range(400)] for _ in range(3)]
+    for engine, base in zip(engines, bases, strict=False):
+        for length in (300, 396):
+            request = kvcore.Request(f"{engine.name}{length}", base[:length])
+            admit(engine.manager, request)
+            engine.manager.free(request)
+        index.submit(engine.name, *engine.publish())
+    for base in bases:
+        for length in (250, 300, 397, 400):
+            estimate = prompt_hits(index, base[:length])
+            assert estimate == {e.name: engine_hit(e, base[:length]) for e in engines}
+    assert prompt_hits(index, bases[0][:397])["a"] == 396
