@@ -12,7 +12,7 @@ from kvcore._sim.workload import Workload
 from kvcore.cluster._router import ROUTER_POLICIES
 from kvcore.errors import InvalidConfigError
 
-__all__ = ["add_fleet_options", "run_fleet"]
+__all__ = ["add_fleet_options", "reject_fleet_options", "run_fleet"]
 
 
 def add_fleet_options(parser: Any) -> None:
@@ -50,6 +50,27 @@ def add_fleet_options(parser: Any) -> None:
         metavar="X",
         help="replay arrivals X times faster than the trace (default 1)",
     )
+
+
+def reject_fleet_options(args: argparse.Namespace) -> None:
+    """Refuse fleet options given without ``--engines`` (they would be ignored).
+
+    Raises:
+        InvalidConfigError: naming the option.
+    """
+    given = [
+        name
+        for name, value, default in (
+            ("--router", args.router, "prefix"),
+            ("--index", args.index, None),
+            ("--scoring", args.scoring, "hybrid"),
+            ("--time-scale", args.time_scale, 1.0),
+        )
+        if value != default
+    ]
+    if given:
+        msg = f"{', '.join(given)} applies to a fleet; add --engines N"
+        raise InvalidConfigError(msg)
 
 
 def run_fleet(

@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from kvcore._cli.fleet_options import add_fleet_options, run_fleet
+from kvcore._cli.fleet_options import add_fleet_options, reject_fleet_options, run_fleet
 from kvcore._cli.plugins_cmd import add_selection_options, registry_from_args
 from kvcore._hashing import HASH_ALGORITHMS
 from kvcore._sim.report import format_report
@@ -194,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
     registry = registry_from_args(args)
     if args.engines is not None:
         return run_fleet(args, workload, options, registry)
+    reject_fleet_options(args)
     executor = None
     if args.execute:
         from kvcore._exec.simulate import SimulationExecutor, resolve_model
