@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcore.cluster._backend import Backend, ReadyBatch, Snapshot
+from kvcore.cluster._backend import Backend, NotFetchedError, ReadyBatch, Snapshot
 from kvcore.cluster._embedded import EmbeddedBackend
 from kvcore.cluster._errors import EventFormatError, IndexUnavailableError, MissingExtraError
 from kvcore.cluster._hit_rule import EngineView, FleetLayout
@@ -44,6 +44,7 @@ __all__ = [
     "IndexStats",
     "IndexUnavailableError",
     "MissingExtraError",
+    "NotFetchedError",
     "ReadyBatch",
     "RedisBackend",
     "Route",

@@ -322,11 +322,11 @@ class RedisBackend:
     ) -> Snapshot:
         """Flags per live engine and group over the request's first blocks, the rest on demand.
 
-        One script call fetches the first :data:`HEAD_BLOCKS` blocks of every
+        One script call fetches the first ``HEAD_BLOCKS`` (64) blocks of every
         group for every engine; most engines' searches end there (a
         full-attention prefix stops at its first miss). An engine whose search
         goes further gets the rest of its blocks in one more call
-        (:meth:`Snapshot.complete`).
+        (:meth:`~kvcore.cluster.Snapshot.complete`).
         """
         hashes = [
             list(group_hashes[g]) if g < len(group_hashes) else [] for g in range(self.num_groups)
