@@ -126,44 +126,39 @@ class FleetLayout:
             msg = "FleetLayout.config has no KV cache group: there is nothing to index"
             raise InvalidConfigError(msg)
 
-    def search_coordinator(self, view: EngineView, *, hybrid_aware: bool) -> KVCacheCoordinator:
-        """A coordinator of this layout whose hit search looks blocks up in ``view``.
-
-        Raises:
-            InvalidConfigError: the layout cannot be prefix-cached.
-        """
+    def _coordinator(self, registry: Any) -> KVCacheCoordinator:
+        # Only the groups matter to a search: a small pool, no tensors.
         config = attrs.evolve(
             self.config,
             num_blocks=min(self.config.num_blocks, _SEARCH_POOL_BLOCKS),
             kv_cache_tensors=(),
         )
-        registry: Any = self.registry if hybrid_aware else _PrefixRuleForEveryGroup()
-        coordinator = make_coordinator(
+        return make_coordinator(
             config,
             registry,
             enable_caching=True,
             use_eagle=self.use_eagle,
             enable_kv_cache_events=False,
         )
-        # The one seam between the index and the core's hit search: see longest_hit.
+
+    def search_coordinator(self, view: EngineView, *, hybrid_aware: bool) -> KVCacheCoordinator:
+        """A coordinator of this layout whose hit search looks blocks up in ``view``.
+
+        Raises:
+            InvalidConfigError: the layout cannot be prefix-cached.
+        """
+        coordinator = self._coordinator(
+            self.registry if hybrid_aware else _PrefixRuleForEveryGroup()
+        )
+        # The one seam between the index and the core's hit search (see
+        # longest_hit): lookups go to the view instead of the coordinator's pool.
         coordinator.block_pool = view  # type: ignore[assignment]
         return coordinator
 
     @property
     def hash_block_size(self) -> int:
         """Tokens per entry of a request's block hashes, as the engines' managers hash."""
-        coordinator = make_coordinator(
-            attrs.evolve(
-                self.config,
-                num_blocks=min(self.config.num_blocks, _SEARCH_POOL_BLOCKS),
-                kv_cache_tensors=(),
-            ),
-            self.registry,
-            enable_caching=True,
-            use_eagle=self.use_eagle,
-            enable_kv_cache_events=False,
-        )
-        return coordinator.hash_block_size
+        return self._coordinator(self.registry).hash_block_size
 
     def group_hashes(
         self, block_hashes: Sequence[Hashable], hash_block_size: int
