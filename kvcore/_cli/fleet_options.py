@@ -87,6 +87,11 @@ def run_fleet(
     if args.plot is not None:
         msg = "--plot draws one engine's run; it does not apply to --engines"
         raise InvalidConfigError(msg)
+    if getattr(args, "execute", False):
+        msg = (
+            "--execute checks one engine's cache with a tiny model; it does not apply to --engines"
+        )
+        raise InvalidConfigError(msg)
     fleet = FleetOptions(
         engines=args.engines,
         router=args.router,

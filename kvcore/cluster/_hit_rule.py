@@ -141,7 +141,7 @@ class FleetLayout:
             enable_kv_cache_events=False,
         )
 
-    def search_coordinator(self, view: EngineView, *, hybrid_aware: bool) -> KVCacheCoordinator:
+    def _search_coordinator(self, view: EngineView, *, hybrid_aware: bool) -> KVCacheCoordinator:
         """A coordinator of this layout whose hit search looks blocks up in ``view``.
 
         Raises:
@@ -176,7 +176,7 @@ def longest_hit(
     """Tokens the coordinator's engine would hit, by the core's own hit search.
 
     This is the only place the cluster layer calls into the hit search: the
-    coordinator (built by :meth:`FleetLayout.search_coordinator` over an
+    coordinator (built by ``FleetLayout._search_coordinator`` over an
     :class:`EngineView`) runs every group's ``find_longest_cache_hit`` and the
     cross-group reconciliation, with lookups answered by the view.
     """

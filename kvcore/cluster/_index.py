@@ -325,7 +325,7 @@ class ClusterIndex:
         searchers = self._searchers
         while len(searchers) <= position:
             view = EngineView(len(searchers))
-            coordinator = self.layout.search_coordinator(view, hybrid_aware=self.hybrid_aware)
+            coordinator = self.layout._search_coordinator(view, hybrid_aware=self.hybrid_aware)
             searchers.append((view, coordinator))
         return searchers[position]
 
