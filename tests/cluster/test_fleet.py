@@ -115,7 +115,7 @@ def test_the_cli_runs_a_fleet_against_redis(tmp_path, capsys, redis_session):
         (["--engines", "2", "--time-scale", "0"], "--time-scale must be a number > 0"),
         (["--engines", "2", "--arrival", "asap"], "use --arrival timestamp"),
         (["--engines", "2", "--plot", "x.png"], "--plot draws one engine's run"),
-        (["--engines", "2", "--execute"], "--execute runs a tiny model through one engine"),
+        (["--engines", "2", "--execute"], "--execute checks one engine's cache with a tiny model"),
         (["--router", "random"], "--router applies to a fleet; add --engines N"),
         (["--index", "redis://127.0.0.1:1"], "--index applies to a fleet; add --engines N"),
     ],
