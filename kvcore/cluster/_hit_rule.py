@@ -25,12 +25,12 @@ from typing import Any
 import attrs
 
 from kvcore._config import KVCacheConfig
-from kvcore._coordinator import KVCacheCoordinator, make_coordinator
+from kvcore._coordinator import KVCacheCoordinator, UnitaryCoordinator, make_coordinator
 from kvcore._hashing import HASH_ALGORITHMS, hashes_at_block_size
 from kvcore._registry import Registry
 from kvcore.cluster._backend import Snapshot
 from kvcore.cluster._errors import InvalidConfigError
-from kvcore.managers import PrefixManager, SingleTypeManager
+from kvcore.managers import HitQuery, PrefixManager, SingleTypeManager
 from kvcore.specs import KVCacheSpec
 
 __all__ = ["EngineView", "FleetLayout", "longest_hit"]
@@ -175,10 +175,27 @@ def longest_hit(
 ) -> int:
     """Tokens the coordinator's engine would hit, by the core's own hit search.
 
-    This is the only place the cluster layer calls into the hit search: the
+    This is the only place the cluster layer calls into the hit search. The
     coordinator (built by ``FleetLayout._search_coordinator`` over an
     :class:`EngineView`) runs every group's ``find_longest_cache_hit`` and the
-    cross-group reconciliation, with lookups answered by the view.
+    cross-group reconciliation with lookups answered by the view. A
+    single-group coordinator keeps its pool in a prebuilt query, so its one
+    search is asked directly, through the same :class:`~kvcore.managers.HitQuery`
+    with the view as the cache.
     """
+    if isinstance(coordinator, UnitaryCoordinator):
+        (manager,) = coordinator.managers
+        block_size = manager.spec.block_size
+        query = HitQuery(
+            block_hashes,
+            max_length,
+            (0,),
+            coordinator.block_pool,
+            manager.spec,
+            coordinator.use_eagle,
+            block_size,
+        )
+        hits = type(manager).find_longest_cache_hit(query)
+        return len(hits[0]) * block_size
     _, num_tokens = coordinator.find_longest_cache_hit(block_hashes, max_length)
     return num_tokens
