@@ -41,7 +41,7 @@ def add_fleet_options(parser: Any) -> None:
         choices=("hybrid", "all-alike"),
         default="hybrid",
         help="'hybrid': each KV cache group scored by its own hit rule (default); "
-        "'all-alike': every group as full attention, as type-unaware indexes do",
+        "'all-alike': every group by the longest-cached-prefix rule, as type-unaware indexes do",
     )
     group.add_argument(
         "--time-scale",

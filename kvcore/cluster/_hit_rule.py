@@ -39,7 +39,7 @@ __all__ = ["EngineView", "FleetLayout", "longest_hit"]
 _CACHED = 1
 # The coordinator that searches a view is built on a small pool of its own
 # (its managers are never asked to allocate); some types reserve a few blocks
-# at construction (attention sinks), so the pool is not minimal.
+# at construction, so the pool is not minimal.
 _SEARCH_POOL_BLOCKS = 4096
 
 
