@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,3 +35,36 @@ def make_manager(registry: kvcore.Registry) -> Callable[..., kvcore.KVCacheManag
         return kvcore.KVCacheManager(config, max_model_len, registry=registry, **kwargs)
 
     return make
+
+
+# -- the shared data folder ------------------------------------------------------------------
+
+#: Third-party traces, read in place (never copied into the repository):
+#: ``KVCORE_DATA``, else ``../shared/data`` next to the repository.
+DATA = Path(
+    os.environ.get("KVCORE_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
+)
+
+
+def require_shared_data(path: Path) -> Path:
+    """Return ``path``; if it is missing, skip the test, or fail it under CI.
+
+    A clone outside this workspace has no shared data: its tests skip with
+    the reason. ``KVCORE_REQUIRE_DATA=1`` (set by ``.ci/run``) turns that skip
+    into a failure, so CI cannot pass without reading the data.
+    """
+    if path.is_file():
+        return path
+    reason = (
+        f"shared data missing: {path} is not there; set KVCORE_DATA to the folder holding "
+        "mooncake/"
+    )
+    if os.environ.get("KVCORE_REQUIRE_DATA") == "1":
+        pytest.fail(f"{reason} (KVCORE_REQUIRE_DATA=1: the shared data must be present)")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def conversation_trace() -> Path:
+    """The Mooncake conversation trace (skips, or fails under CI, when it is missing)."""
+    return require_shared_data(DATA / "mooncake" / "mooncake_conversation_trace.jsonl")

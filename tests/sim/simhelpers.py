@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import kvcore
 from kvcore._sim.scheduler import Scheduler, SchedulerConfig, SimRequest
 from kvcore._trace import TraceRequest
 from kvcore_plugins.full_attention import FullAttentionSpec
-
-#: The shared data folder (third-party traces, read in place, never copied).
-DATA = Path(
-    os.environ.get("KVCORE_DATA", Path(__file__).resolve().parents[2] / ".." / "shared" / "data")
-)
-CONVERSATION = DATA / "mooncake" / "mooncake_conversation_trace.jsonl"
 
 
 def explicit(request_id: str, tokens: Sequence[int], output: int, at_ms: float = 0.0):
