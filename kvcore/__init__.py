@@ -28,10 +28,11 @@ from kvcore._planning.model_config import (
 from kvcore._planning.plan import KVCachePlan, plan, print_plan
 from kvcore._planning.report import GroupReport
 from kvcore._planning.sizing import (
-    InsufficientMemoryError,
     estimate_max_model_len,
+    fit_max_model_len,
     get_kv_cache_config,
     get_kv_cache_configs,
+    max_concurrency,
 )
 from kvcore._plugin_loader import (
     ENTRY_POINT_GROUP,
@@ -53,6 +54,9 @@ from kvcore._request import MultiModalFeature, Request
 from kvcore.errors import (
     DoubleFreeError,
     HookImplementationError,
+    InsufficientMemoryError,
+    InvalidBlockError,
+    InvalidCacheHitError,
     InvalidConfigError,
     InvalidRequestError,
     InvalidSpecError,
@@ -62,8 +66,11 @@ from kvcore.errors import (
     PluginError,
     PluginLoadError,
     PluginNotFoundError,
+    PoolTooLargeError,
     PrefixCachingNotSupportedError,
+    RequestStateError,
     RequestTooLongError,
+    TraceFormatError,
     UnknownSpecError,
 )
 from kvcore.hookspecs import hookimpl
@@ -91,6 +98,8 @@ __all__ = [
     "get_kv_cache_config",
     "get_kv_cache_configs",
     "estimate_max_model_len",
+    "fit_max_model_len",
+    "max_concurrency",
     "allocate_kv_cache",
     "KVCacheBuffers",
     "list_models",
@@ -143,10 +152,15 @@ __all__ = [
     "InvalidSpecError",
     "InvalidConfigError",
     "InsufficientMemoryError",
+    "PoolTooLargeError",
     "InvalidRequestError",
     "RequestTooLongError",
+    "RequestStateError",
+    "InvalidCacheHitError",
+    "InvalidBlockError",
     "DoubleFreeError",
     "OutOfBlocksError",
     "PrefixCachingNotSupportedError",
+    "TraceFormatError",
     "__version__",
 ]

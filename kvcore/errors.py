@@ -1,10 +1,24 @@
-"""The exceptions kvcore raises.
+"""The exceptions kvcore raises: one class per kind of fault.
 
 Every error kvcore raises derives from :class:`KVCoreError`, and also from the
 standard exception that fits (``ValueError``, ``LookupError``, ``ImportError``,
 ``RuntimeError``) so that callers who do not know kvcore can still catch it.
 Messages name what was wrong (the plugin, the field, the request) and what
-would fix it.
+would fix it. A call that raises one of them has changed nothing.
+
+The families, by who has to act:
+
+* :class:`PluginError` — the plugins installed or selected (fix the
+  environment or the selection).
+* :class:`InvalidSpecError`, :class:`InvalidConfigError` — how the cache was
+  described or configured (fix the code or the options that build it).
+* :class:`InvalidRequestError` — one call about one request (an engine can
+  drop that request and carry on serving the others).
+* :class:`InvalidBlockError`, :class:`DoubleFreeError`,
+  :class:`OutOfBlocksError` — direct use of the :class:`~kvcore.BlockPool`
+  (plugin managers, tools); the engine-facing manager never lets them out.
+
+The errors page of the documentation lists when each is raised.
 """
 
 from __future__ import annotations
@@ -19,11 +33,17 @@ __all__ = [
     "UnknownSpecError",
     "InvalidSpecError",
     "InvalidConfigError",
+    "InsufficientMemoryError",
+    "PoolTooLargeError",
     "InvalidRequestError",
     "RequestTooLongError",
+    "RequestStateError",
+    "InvalidCacheHitError",
+    "InvalidBlockError",
     "DoubleFreeError",
     "OutOfBlocksError",
     "PrefixCachingNotSupportedError",
+    "TraceFormatError",
 ]
 
 
@@ -70,16 +90,61 @@ class InvalidConfigError(KVCoreError, ValueError):
     """A KV cache config, or an option given with it, is inconsistent."""
 
 
+class InsufficientMemoryError(InvalidConfigError):
+    """The memory cannot hold one request of ``max_model_len`` tokens."""
+
+
+class PoolTooLargeError(InvalidConfigError):
+    """A block pool larger than block ids can address, or than the host can track.
+
+    Block tables hold ``int32`` ids, and the pool keeps a few machine words
+    per block in host memory: a pool of billions of blocks is refused before
+    any of that memory is taken.
+    """
+
+
 class InvalidRequestError(KVCoreError, ValueError):
-    """A call about a request has arguments that contradict each other or its state."""
+    """A call about a request has arguments that contradict each other or its state.
+
+    The base of every per-request fault: an engine that catches it can
+    abandon the one request and keep serving the others.
+    """
 
 
 class RequestTooLongError(InvalidRequestError):
     """A request needs more tokens than the model's ``max_model_len``."""
 
 
+class RequestStateError(InvalidRequestError):
+    """The call does not fit where the request is in its life.
+
+    Another live :class:`~kvcore.Request` object has the same id; the request
+    holds blocks of another :class:`~kvcore.KVCacheManager` (or was hashed by
+    one); a running request is given cache hits or external tokens (adopted
+    once, at admission); blocks are cached for a request holding none.
+    """
+
+
+class InvalidCacheHitError(InvalidRequestError):
+    """The cache-hit blocks passed to ``allocate_slots`` are not this request's hit.
+
+    Each hit block must be cached, in its group, under the hash its position
+    implies for this request (as :meth:`~kvcore.KVCacheManager.get_computed_blocks`
+    returned it, and still cached); the hit length must be what the blocks
+    cover; there must be one list per group.
+    """
+
+
+class InvalidBlockError(KVCoreError, ValueError):
+    """A block id or block count given to the block pool is not valid for it."""
+
+
 class DoubleFreeError(KVCoreError, RuntimeError):
-    """A request or block was freed more times than it was allocated."""
+    """A block's reference count would go below zero (freed more often than taken).
+
+    Freeing a *request* that holds no blocks is not an error (it is a no-op,
+    as for a request preempted and then aborted).
+    """
 
 
 class OutOfBlocksError(KVCoreError, RuntimeError):
@@ -92,3 +157,7 @@ class OutOfBlocksError(KVCoreError, RuntimeError):
 
 class PrefixCachingNotSupportedError(KVCoreError, TypeError):
     """A cache lookup or cache insert was asked of a type that is never cached."""
+
+
+class TraceFormatError(KVCoreError, ValueError):
+    """A trace cannot be read; the message gives the file, the line and the reason."""

@@ -20,7 +20,7 @@ from kvcore._planning.grouping import get_kv_cache_groups
 from kvcore._planning.layout import bytes_per_block, check_layout, layout_tensors
 from kvcore._planning.memory import format_bytes
 from kvcore._utils import cdiv
-from kvcore.errors import InvalidConfigError
+from kvcore.errors import InsufficientMemoryError, InvalidConfigError
 from kvcore.specs import KVCacheSpec, TokenLimits
 
 __all__ = [
@@ -36,10 +36,6 @@ __all__ = [
     "pages_per_request",
     "reserved_blocks",
 ]
-
-
-class InsufficientMemoryError(InvalidConfigError):
-    """The memory cannot hold one request of ``max_model_len`` tokens."""
 
 
 def pages_per_request(group: KVCacheGroupSpec, limits: TokenLimits) -> int:
