@@ -9,23 +9,87 @@ reading object attributes.
 Block 0 is the *null block*: a placeholder in block tables (for positions a
 windowed attention type no longer needs). It is never handed out, cached,
 freed or evicted, and its reference count is not maintained.
+
+Public methods check their arguments in O(1) or O(blocks given) and change
+nothing when they refuse. While a transaction runs (:meth:`BlockPool.begin`),
+every change also records how to reverse it, so that the engine-facing
+manager can undo a whole operation a plugin manager failed half-way through
+(:meth:`BlockPool.rollback`); outside one, nothing is recorded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import Final
+import os
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Final
 
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvcore._free_queue import LRUFreeQueue
 from kvcore._hashing import hashes_at_block_size
+from kvcore._planning.memory import format_bytes
 from kvcore._request import Request
-from kvcore.errors import DoubleFreeError, InvalidConfigError
+from kvcore.errors import (
+    DoubleFreeError,
+    InvalidBlockError,
+    InvalidConfigError,
+    InvalidRequestError,
+    PoolTooLargeError,
+)
 
-__all__ = ["NULL_BLOCK", "BlockPool"]
+__all__ = ["MAX_NUM_BLOCKS", "NULL_BLOCK", "BlockPool", "available_host_memory"]
 
 #: Id of the null block.
 NULL_BLOCK: Final = 0
+
+#: Most blocks a pool may have: block tables hold int32 block ids.
+MAX_NUM_BLOCKS: Final = 2**31 - 1
+
+# Host memory per block for the pool's bookkeeping: five list slots (reference
+# count, hash, group, and the free queue's two links), 8 bytes each.
+_BYTES_PER_BLOCK: Final = 40
+# Pools needing less than this are not checked against the host's memory.
+_CHECK_HOST_MEMORY_ABOVE: Final = 2**28
+
+Undo = tuple[Callable[..., None], tuple[Any, ...]]
+
+
+def available_host_memory() -> int | None:
+    """Bytes of host memory available to a new allocation, or ``None`` if unknown.
+
+    ``MemAvailable`` of ``/proc/meminfo`` on Linux, else free physical pages.
+    """
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_pool_size(num_blocks: int) -> None:
+    if num_blocks > MAX_NUM_BLOCKS:
+        msg = (
+            f"num_blocks={num_blocks} is more than a pool can address: block tables hold "
+            f"int32 ids (at most {MAX_NUM_BLOCKS} blocks); plan with less memory or fewer "
+            "blocks"
+        )
+        raise PoolTooLargeError(msg)
+    needed = num_blocks * _BYTES_PER_BLOCK
+    if needed <= _CHECK_HOST_MEMORY_ABOVE:
+        return
+    available = available_host_memory()
+    if available is not None and needed > available:
+        msg = (
+            f"a pool of {num_blocks} blocks needs about {format_bytes(needed)} of host memory "
+            f"for its bookkeeping ({_BYTES_PER_BLOCK} bytes a block), but only "
+            f"{format_bytes(available)} is available; plan with less memory or fewer blocks"
+        )
+        raise PoolTooLargeError(msg)
 
 
 class BlockPool:
@@ -41,6 +105,11 @@ class BlockPool:
         enable_kv_cache_events: Queue KV cache events for :meth:`take_events`.
         group_kinds: Attention kind of each group, stamped on
             ``BlockStored`` events (``None``: events carry no kind).
+
+    Raises:
+        InvalidConfigError: ``num_blocks`` is not an integer >= 1.
+        PoolTooLargeError: more blocks than int32 block ids address, or than
+            the host has memory to keep track of.
     """
 
     __slots__ = (
@@ -51,8 +120,10 @@ class BlockPool:
         "_group",
         "_group_kinds",
         "_hash",
+        "_log",
         "_ref",
         "_reserved",
+        "_undo",
         "enable_caching",
         "enable_kv_cache_events",
         "hash_block_size",
@@ -77,6 +148,7 @@ class BlockPool:
                 f"got {num_blocks!r}"
             )
             raise InvalidConfigError(msg)
+        _check_pool_size(num_blocks)
         if group_kinds is not None and len(group_kinds) != num_groups:
             msg = f"group_kinds has {len(group_kinds)} entries for {num_groups} groups"
             raise InvalidConfigError(msg)
@@ -98,6 +170,78 @@ class BlockPool:
         self._dups: list[dict[Hashable, list[int]]] = [{} for _ in range(num_groups)]
         self._events: list[KVCacheEvent] = []
         self._reserved: list[int] = []
+        # The undo log of the running transaction (shared with the free
+        # queue), or None; _undo is the list reused by every transaction.
+        self._undo: list[Undo] = []
+        self._log: list[Undo] | None = None
+
+    # -- transactions -----------------------------------------------------------------
+
+    def begin(self) -> bool:
+        """Start recording how to undo every change (for :meth:`rollback`).
+
+        Returns:
+            ``True`` for the caller that started the transaction, which must
+            end it with :meth:`commit` or :meth:`rollback`; ``False`` if one
+            was already running (the changes join it).
+        """
+        if self._log is not None:
+            return False
+        self._log = self._free._log = self._undo
+        return True
+
+    def commit(self) -> None:
+        """Keep every change since :meth:`begin` and stop recording."""
+        self._log = self._free._log = None
+        self._undo.clear()
+
+    def rollback(self) -> None:
+        """Undo every change since :meth:`begin`, newest first, and stop recording.
+
+        Reference counts, free-queue order, the cache map, pending events and
+        any table change recorded with :meth:`record` are as before.
+        """
+        log = self._undo
+        self._log = self._free._log = None
+        for undo, arguments in reversed(log):
+            undo(*arguments)
+        log.clear()
+
+    def record(self, undo: Callable[..., None], *arguments: Any) -> None:
+        """Add ``undo(*arguments)`` to the running transaction (no-op outside one).
+
+        For state kept next to the pool, such as block tables: the rollback
+        calls it, newest first, among the pool's own undo steps.
+        """
+        if self._log is not None:
+            self._log.append((undo, arguments))
+
+    def _undo_event(self) -> None:
+        self._events.pop()
+
+    def _append_event(self, event: KVCacheEvent) -> None:
+        self._events.append(event)
+        if self._log is not None:
+            self._log.append((self._undo_event, ()))
+
+    # -- argument checks --------------------------------------------------------------
+
+    def _refuse_block(self, block: object) -> InvalidBlockError:
+        msg = f"block {block!r} is not a block of this pool (ids 0..{self.num_blocks - 1})"
+        return InvalidBlockError(msg)
+
+    def _check_blocks(self, blocks: Sequence[int]) -> None:
+        """Every entry is a block id of this pool (the null block included); O(len)."""
+        num_blocks = self.num_blocks
+        for block in blocks:
+            if block.__class__ is not int or not 0 <= block < num_blocks:
+                raise self._refuse_block(block)
+
+    @staticmethod
+    def _check_count(num_blocks: object) -> None:
+        if num_blocks.__class__ is not int or num_blocks < 0:  # type: ignore[operator]
+            msg = f"num_blocks must be an integer >= 0, got {num_blocks!r}"
+            raise InvalidBlockError(msg)
 
     # -- capacity -------------------------------------------------------------------
 
@@ -191,9 +335,24 @@ class BlockPool:
             num_full_blocks: Blocks of the table that are full after this call.
             block_size: Tokens per block in this group.
             kv_cache_group_id: The group the table belongs to.
+
+        Raises:
+            InvalidRequestError: the request's hashes do not cover
+                ``num_full_blocks`` blocks.
+            InvalidBlockError: a bad group id, block range, block id, or a
+                block of the range that is already cached. Nothing changes.
         """
         if num_cached_blocks >= num_full_blocks:
             return
+        if not 0 <= kv_cache_group_id < len(self._cached):
+            msg = f"kv_cache_group_id {kv_cache_group_id!r} is not a group of this pool"
+            raise InvalidBlockError(msg)
+        if num_cached_blocks < 0 or num_full_blocks > len(blocks):
+            msg = (
+                f"blocks {num_cached_blocks}..{num_full_blocks - 1} are not all in the "
+                f"{len(blocks)}-block table"
+            )
+            raise InvalidBlockError(msg)
         hashes = request.block_hashes
         if self.hash_block_size is not None and block_size != self.hash_block_size:
             hashes = hashes_at_block_size(hashes, self.hash_block_size, block_size)  # type: ignore[assignment]
@@ -202,10 +361,17 @@ class BlockPool:
                 f"request {request.request_id!r} has hashes for {len(hashes)} blocks, "
                 f"cannot cache {num_full_blocks}"
             )
-            raise InvalidConfigError(msg)
-        cached = self._cached[kv_cache_group_id]
+            raise InvalidRequestError(msg)
         block_hash_of = self._hash
+        new = blocks[num_cached_blocks:num_full_blocks]
+        self._check_blocks(new)
+        for block in new:
+            if block and block_hash_of[block] is not None:
+                msg = f"block {block} is already cached; a block is cached once, when it is full"
+                raise InvalidBlockError(msg)
+        cached = self._cached[kv_cache_group_id]
         group_of = self._group
+        log = self._log
         stored = [] if self.enable_kv_cache_events else None
         for index in range(num_cached_blocks, num_full_blocks):
             block = blocks[index]
@@ -213,15 +379,18 @@ class BlockPool:
                 continue
             block_hash = hashes[index]
             block_hash_of[block] = block_hash
+            old_group = group_of[block]
             group_of[block] = kv_cache_group_id
             first = cached.setdefault(block_hash, block)
             if first != block:
                 self._dups[kv_cache_group_id].setdefault(block_hash, []).append(block)
+            if log is not None:
+                log.append((self._undo_cache, (block, old_group, first == block)))
             if stored is not None:
                 stored.append(block_hash)
         if stored is not None:
             kinds = self._group_kinds
-            self._events.append(
+            self._append_event(
                 BlockStored(
                     block_hashes=stored,
                     parent_block_hash=hashes[num_cached_blocks - 1] if num_cached_blocks else None,
@@ -236,28 +405,59 @@ class BlockPool:
                 )
             )
 
+    def _undo_cache(self, block: int, old_group: int, primary: bool) -> None:
+        block_hash = self._hash[block]
+        group = self._group[block]
+        if primary:
+            del self._cached[group][block_hash]  # type: ignore[arg-type]
+        else:
+            dups = self._dups[group]
+            waiting = dups[block_hash]  # type: ignore[index]
+            waiting.pop()
+            if not waiting:
+                del dups[block_hash]  # type: ignore[arg-type]
+        self._hash[block] = None
+        self._group[block] = old_group
+
     def _uncache(self, block: int) -> None:
         """Drop ``block``'s hash from the map; the caller knows it has one."""
         block_hash = self._hash[block]
         group = self._group[block]
         cached = self._cached[group]
         dups = self._dups[group]
+        promoted = position = None
         if cached.get(block_hash) == block:
             waiting = dups.get(block_hash)
             if waiting:
-                cached[block_hash] = waiting.pop(0)  # type: ignore[index]
+                promoted = cached[block_hash] = waiting.pop(0)  # type: ignore[index]
                 if not waiting:
                     del dups[block_hash]  # type: ignore[arg-type]
             else:
                 del cached[block_hash]  # type: ignore[arg-type]
         else:
             waiting = dups[block_hash]  # type: ignore[index]
-            waiting.remove(block)
+            position = waiting.index(block)
+            del waiting[position]
             if not waiting:
                 del dups[block_hash]  # type: ignore[arg-type]
         self._hash[block] = None
+        if self._log is not None:
+            self._log.append((self._undo_uncache, (block, block_hash, promoted, position)))
         if self.enable_kv_cache_events:
-            self._events.append(BlockRemoved(block_hashes=(block_hash,), group_idx=group))
+            self._append_event(BlockRemoved(block_hashes=(block_hash,), group_idx=group))
+
+    def _undo_uncache(
+        self, block: int, block_hash: Hashable, promoted: int | None, position: int | None
+    ) -> None:
+        group = self._group[block]
+        cached = self._cached[group]
+        if position is None:
+            cached[block_hash] = block
+            if promoted is not None:
+                self._dups[group].setdefault(block_hash, []).insert(0, promoted)
+        else:
+            self._dups[group].setdefault(block_hash, []).insert(position, block)
+        self._hash[block] = block_hash
 
     # -- allocation -----------------------------------------------------------------
 
@@ -268,26 +468,33 @@ class BlockPool:
         the map; with events on, a :class:`BlockRemoved` is queued).
 
         Raises:
+            InvalidBlockError: ``num_blocks`` is not an integer >= 0.
             OutOfBlocksError: fewer than ``num_blocks`` blocks are free; nothing
                 changes.
         """
+        if num_blocks.__class__ is not int or num_blocks < 0:
+            self._check_count(num_blocks)
         blocks = self._free.pop_n(num_blocks)
         ref = self._ref
+        log = self._log
+        if log is not None:
+            log.append((self._undo_new, (blocks,)))
         if self.enable_caching:
             block_hash_of = self._hash
             group_of = self._group
             cached = self._cached
             dups = self._dups
-            events = self.enable_kv_cache_events
+            slow = self.enable_kv_cache_events or log is not None
             for block in blocks:
                 block_hash = block_hash_of[block]
                 if block_hash is not None:
                     group = group_of[block]
-                    if events or dups[group]:
+                    if slow or dups[group]:
                         self._uncache(block)
                     else:
                         # The common case inline: the block is the only one
-                        # cached under its hash, and nobody wants an event.
+                        # cached under its hash, nobody wants an event, and
+                        # no transaction records.
                         del cached[group][block_hash]
                         block_hash_of[block] = None
                 ref[block] = 1
@@ -296,19 +503,38 @@ class BlockPool:
                 ref[block] = 1
         return blocks
 
+    def _undo_new(self, blocks: list[int]) -> None:
+        ref = self._ref
+        for block in blocks:
+            ref[block] = 0
+
     def touch(self, blocks: Sequence[int]) -> None:
         """Take a reference on cache-hit blocks, reviving free ones from the queue.
 
-        Null blocks in ``blocks`` are ignored.
+        Null blocks in ``blocks`` are ignored. A free block that was never
+        allocated is taken out of the queue too (it will not be handed out).
+
+        Raises:
+            InvalidBlockError: an entry is not a block id of this pool;
+                nothing changes.
         """
+        self._check_blocks(blocks)
         ref = self._ref
         remove = self._free.remove
+        if self._log is not None:
+            self._log.append((self._undo_touch, (list(blocks),)))
         for block in blocks:
             if block:
                 count = ref[block]
                 if count == 0:
                     remove(block)
                 ref[block] = count + 1
+
+    def _undo_touch(self, blocks: list[int]) -> None:
+        ref = self._ref
+        for block in blocks:
+            if block:
+                ref[block] -= 1
 
     def free_blocks(self, ordered_blocks: Sequence[int]) -> None:
         """Drop one reference on each block; blocks reaching 0 join the free queue.
@@ -318,9 +544,12 @@ class BlockPool:
         ignored.
 
         Raises:
-            DoubleFreeError: a block had no reference left; no reference count
-                or queue position has changed.
+            InvalidBlockError: an entry is not a block id of this pool.
+            DoubleFreeError: a block had no reference left.
+
+            Either way no reference count or queue position has changed.
         """
+        self._check_blocks(ordered_blocks)
         ref = self._ref
         released = []
         for position, block in enumerate(ordered_blocks):
@@ -338,8 +567,16 @@ class BlockPool:
                 ref[block] = count
                 if count == 0:
                     released.append(block)
+        if self._log is not None:
+            self._log.append((self._undo_free, (list(ordered_blocks),)))
         if released:
             self._free.push(released)
+
+    def _undo_free(self, blocks: list[int]) -> None:
+        ref = self._ref
+        for block in blocks:
+            if block:
+                ref[block] += 1
 
     def reserve_blocks(self, num_blocks: int) -> list[int]:
         """Take ``num_blocks`` blocks out of circulation for the pool's lifetime.
@@ -348,11 +585,17 @@ class BlockPool:
         keys and values). Reserved blocks are never cached, freed or evicted.
 
         Raises:
+            InvalidBlockError: ``num_blocks`` is not an integer >= 0.
             OutOfBlocksError: not enough free blocks.
         """
         blocks = self.get_new_blocks(num_blocks)
         self._reserved.extend(blocks)
+        if self._log is not None:
+            self._log.append((self._undo_reserve, (len(blocks),)))
         return blocks
+
+    def _undo_reserve(self, count: int) -> None:
+        del self._reserved[len(self._reserved) - count :]
 
     def evict_blocks(self, block_ids: Sequence[int]) -> None:
         """Remove the given blocks from the prefix cache (even if in use).
@@ -361,13 +604,12 @@ class BlockPool:
         blocks themselves are not freed. Uncached blocks are ignored.
 
         Raises:
-            InvalidConfigError: an id is not a block of this pool.
+            InvalidBlockError: an id is not a block of this pool; nothing
+                changes.
         """
-        for block in block_ids:
-            if not 0 <= block < self.num_blocks:
-                msg = f"block id {block} is not in this pool (0..{self.num_blocks - 1})"
-                raise InvalidConfigError(msg)
-        for block in block_ids:
+        blocks = list(block_ids)
+        self._check_blocks(blocks)
+        for block in blocks:
             if self._hash[block] is not None:
                 self._uncache(block)
 
@@ -397,6 +639,10 @@ class BlockPool:
         self._events = []
         return events
 
+    def peek_events(self) -> tuple[KVCacheEvent, ...]:
+        """The queued events, oldest first, left in the queue (a snapshot)."""
+        return tuple(self._events)
+
     # -- inspection -------------------------------------------------------------------
 
     def count_evictable(self, blocks: Sequence[int]) -> int:
@@ -411,11 +657,23 @@ class BlockPool:
         return list(map(self._ref.__getitem__, blocks)).count(0) - blocks.count(NULL_BLOCK)
 
     def ref_count(self, block: int) -> int:
-        """Requests holding ``block`` (0 for a free block; not kept for the null block)."""
+        """Requests holding ``block`` (0 for a free block; not kept for the null block).
+
+        Raises:
+            InvalidBlockError: ``block`` is not a block id of this pool.
+        """
+        if block.__class__ is not int or not 0 <= block < self.num_blocks:
+            raise self._refuse_block(block)
         return self._ref[block]
 
     def block_hash(self, block: int) -> Hashable | None:
-        """The hash ``block`` is cached under, or ``None``."""
+        """The hash ``block`` is cached under, or ``None``.
+
+        Raises:
+            InvalidBlockError: ``block`` is not a block id of this pool.
+        """
+        if block.__class__ is not int or not 0 <= block < self.num_blocks:
+            raise self._refuse_block(block)
         return self._hash[block]
 
     def free_block_ids(self) -> list[int]:
@@ -432,10 +690,17 @@ class BlockPool:
         Raises:
             AssertionError: naming the first violated invariant.
         """
-        free = list(self._free)
-        free_set = set(free)
-        if len(free) != len(free_set) or len(free) != self._free.num_free:
-            msg = f"free queue has duplicates or a wrong count ({len(free)} listed)"
+        free: list[int] = []
+        free_set: set[int] = set()
+        for block in self._free:
+            # A cycle would make the walk endless: stop at the first repeat.
+            if block in free_set:
+                msg = f"the free queue has a cycle (block {block} comes twice)"
+                raise AssertionError(msg)
+            free.append(block)
+            free_set.add(block)
+        if len(free) != self._free.num_free:
+            msg = f"free count {self._free.num_free} but {len(free)} blocks in the free queue"
             raise AssertionError(msg)
         if NULL_BLOCK in free_set:
             msg = "the null block is in the free queue"

@@ -17,11 +17,16 @@ and cache-hit lengths depend on it):
 - freed blocks are appended at the tail in the order given (a request is freed
   last block first, so its tail is evicted before its head);
 - a cache hit removes its block from wherever it is.
+
+Undo: while the pool runs a transaction it hands the queue an undo log, and
+every change appends how to reverse it. Undoing the entries newest first
+restores the exact order (see :mod:`kvcore._undo`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from kvcore.errors import OutOfBlocksError
 
@@ -36,16 +41,26 @@ class LRUFreeQueue:
     is both head and tail. Blocks that have never been allocated are not
     linked: they form a *fresh* run ``[_fresh_start, num_blocks)`` that
     logically precedes the list. Nothing is ever inserted ahead of them (frees
-    go to the tail, and a never-allocated block carries no hash, so no cache
-    hit can remove it), so keeping them as a counter is exact and makes a
-    pool of a million blocks cost a few list allocations to build.
+    go to the tail), so keeping them as a counter is exact and makes a pool of
+    a million blocks cost a few list allocations to build. A never-allocated
+    block taken out of the middle of the run (a pool's ``touch`` of a block
+    nobody allocated) is remembered in ``_holes`` and skipped.
 
     Args:
         num_blocks: Block ids are ``0 .. num_blocks - 1``; all start free, in
             id order.
     """
 
-    __slots__ = ("_fresh_end", "_fresh_start", "_next", "_prev", "_sentinel", "num_free")
+    __slots__ = (
+        "_fresh_end",
+        "_fresh_start",
+        "_holes",
+        "_log",
+        "_next",
+        "_prev",
+        "_sentinel",
+        "num_free",
+    )
 
     def __init__(self, num_blocks: int) -> None:
         self._sentinel = num_blocks
@@ -53,6 +68,11 @@ class LRUFreeQueue:
         self._prev: list[int] = [num_blocks] * (num_blocks + 1)
         self._fresh_start = 0
         self._fresh_end = num_blocks
+        # Never-allocated blocks inside [_fresh_start, _fresh_end) that are not
+        # free (taken by remove()); _fresh_start itself is never one of them.
+        self._holes: set[int] = set()
+        # The pool's undo log while a transaction runs, else None.
+        self._log: list[tuple[Callable[..., None], Any]] | None = None
         #: Number of blocks in the queue.
         self.num_free = num_blocks
 
@@ -66,17 +86,21 @@ class LRUFreeQueue:
         if n > self.num_free:
             msg = f"cannot take {n} blocks: only {self.num_free} are free"
             raise OutOfBlocksError(msg)
-        self.num_free -= n
-        fresh = min(n, self._fresh_end - self._fresh_start)
-        if fresh:
-            start = self._fresh_start
-            self._fresh_start = start + fresh
-            if fresh == n:
-                return list(range(start, start + fresh))
-            out = list(range(start, start + fresh))
-            n -= fresh
+        start = self._fresh_start
+        if self._holes:
+            out, consumed = self._pop_fresh_around_holes(n)
         else:
-            out = []
+            consumed = None
+            fresh = min(n, self._fresh_end - start)
+            out = list(range(start, start + fresh)) if fresh else []
+            self._fresh_start = start + fresh
+        num_fresh = len(out)
+        self.num_free -= n
+        if self._log is not None:
+            self._log.append((self._undo_pop, (out, num_fresh, start, consumed)))
+        n -= num_fresh
+        if not n:
+            return out
         nxt = self._next
         sentinel = self._sentinel
         block = nxt[sentinel]
@@ -88,12 +112,33 @@ class LRUFreeQueue:
         self._prev[block] = sentinel
         return out
 
+    def _pop_fresh_around_holes(self, n: int) -> tuple[list[int], list[int]]:
+        """Take up to ``n`` fresh blocks, skipping (and forgetting) the holes passed."""
+        holes = self._holes
+        block, end = self._fresh_start, self._fresh_end
+        out: list[int] = []
+        consumed: list[int] = []
+        while len(out) < n and block < end:
+            if block in holes:
+                consumed.append(block)
+            else:
+                out.append(block)
+            block += 1
+        while block in holes:
+            consumed.append(block)
+            block += 1
+        holes.difference_update(consumed)
+        self._fresh_start = block
+        return out, consumed
+
     def push(self, blocks: Sequence[int]) -> None:
         """Append ``blocks`` at the tail, in the given order (first evicted first)."""
         nxt = self._next
         prv = self._prev
         sentinel = self._sentinel
         tail = prv[sentinel]
+        if self._log is not None:
+            self._log.append((self._undo_push, (tail, len(blocks))))
         for block in blocks:
             nxt[tail] = block
             prv[block] = tail
@@ -105,9 +150,12 @@ class LRUFreeQueue:
     def remove(self, block: int) -> None:
         """Take ``block`` out of the queue, wherever it is (a cache hit revived it).
 
-        The caller guarantees ``block`` is in the queue and has been allocated
-        at least once (only such blocks carry a hash and can be hit).
+        The caller guarantees ``block`` is in the queue (its reference count
+        is 0). A block never allocated is taken out of the fresh run.
         """
+        if block >= self._fresh_start:
+            self._remove_fresh(block)
+            return
         nxt = self._next
         prv = self._prev
         before = prv[block]
@@ -115,10 +163,32 @@ class LRUFreeQueue:
         nxt[before] = after
         prv[after] = before
         self.num_free -= 1
+        if self._log is not None:
+            self._log.append((self._undo_remove, (block, before, after)))
+
+    def _remove_fresh(self, block: int) -> None:
+        start = self._fresh_start
+        consumed: list[int] = []
+        if block == start:
+            start += 1
+            holes = self._holes
+            while start in holes:
+                consumed.append(start)
+                start += 1
+            holes.difference_update(consumed)
+            self._fresh_start = start
+        else:
+            self._holes.add(block)
+        self.num_free -= 1
+        if self._log is not None:
+            self._log.append((self._undo_remove_fresh, (block, consumed)))
 
     def __iter__(self) -> Iterator[int]:
         """Yield the free blocks from head (next to be taken) to tail."""
-        yield from range(self._fresh_start, self._fresh_end)
+        holes = self._holes
+        for block in range(self._fresh_start, self._fresh_end):
+            if block not in holes:
+                yield block
         nxt = self._next
         block = nxt[self._sentinel]
         while block != self._sentinel:
@@ -130,4 +200,48 @@ class LRUFreeQueue:
 
     def was_ever_taken(self, block: int) -> bool:
         """Whether ``block`` has left the fresh run (been allocated at least once)."""
-        return block < self._fresh_start
+        return block < self._fresh_start or block in self._holes
+
+    # -- undo (entries are replayed newest first by the pool's rollback) -----------------
+
+    def _undo_pop(
+        self, out: list[int], num_fresh: int, fresh_start: int, consumed: list[int] | None
+    ) -> None:
+        linked = out[num_fresh:]
+        if linked:
+            nxt = self._next
+            prv = self._prev
+            sentinel = self._sentinel
+            head = nxt[sentinel]
+            previous = sentinel
+            for block in linked:
+                nxt[previous] = block
+                prv[block] = previous
+                previous = block
+            nxt[previous] = head
+            prv[head] = previous
+        self._fresh_start = fresh_start
+        if consumed:
+            self._holes.update(consumed)
+        self.num_free += len(out)
+
+    def _undo_push(self, old_tail: int, count: int) -> None:
+        sentinel = self._sentinel
+        self._next[old_tail] = sentinel
+        self._prev[sentinel] = old_tail
+        self.num_free -= count
+
+    def _undo_remove(self, block: int, before: int, after: int) -> None:
+        self._next[before] = block
+        self._prev[block] = before
+        self._next[block] = after
+        self._prev[after] = block
+        self.num_free += 1
+
+    def _undo_remove_fresh(self, block: int, consumed: list[int]) -> None:
+        if block == self._fresh_start - 1 - len(consumed):
+            self._fresh_start = block
+            self._holes.update(consumed)
+        else:
+            self._holes.discard(block)
+        self.num_free += 1

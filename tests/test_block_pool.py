@@ -165,7 +165,7 @@ def test_reset_prefix_cache_only_when_nothing_is_in_use():
 
 def test_evict_blocks_rejects_foreign_ids():
     pool = BlockPool(4)
-    with pytest.raises(InvalidConfigError, match="block id 9 is not in this pool"):
+    with pytest.raises(kvcore.InvalidBlockError, match=r"block 9 is not a block of this pool"):
         pool.evict_blocks([9])
 
 
@@ -176,3 +176,108 @@ def test_count_evictable_counts_free_blocks_but_not_nulls():
     assert pool.count_evictable([0, *blocks, 0]) == 2
     assert pool.count_evictable([]) == 0
     assert pool.count_evictable((blocks[0], 0)) == 0
+
+
+# -- the public methods guard their arguments (issue 8) ---------------------------------
+
+
+def test_touching_a_never_allocated_block_takes_it_out_of_the_queue():
+    """It stayed in the never-used run and was handed out a second time."""
+    pool = BlockPool(10)
+    pool.touch([1])
+    assert pool.ref_count(1) == 1
+    assert pool.get_new_blocks(1) == [2]
+    pool.check_invariants()
+
+
+def test_touching_a_never_allocated_block_deep_in_the_queue():
+    pool = BlockPool(10)
+    pool.touch([5])
+    assert pool.free_block_ids() == [1, 2, 3, 4, 6, 7, 8, 9]
+    assert pool.get_new_blocks(5) == [1, 2, 3, 4, 6]
+    pool.free_blocks([5])
+    assert pool.free_block_ids() == [7, 8, 9, 5]
+    pool.check_invariants()
+
+
+def test_touching_a_never_allocated_block_with_freed_blocks_queued():
+    """The queue lost blocks and a later allocation raised IndexError."""
+    pool = BlockPool(6)
+    assert pool.get_new_blocks(2) == [1, 2]
+    pool.free_blocks([2, 1])
+    assert pool.free_block_ids() == [3, 4, 5, 2, 1]
+    pool.touch([4])
+    assert pool.free_block_ids() == [3, 5, 2, 1]
+    assert pool.get_new_blocks(4) == [3, 5, 2, 1]
+    pool.check_invariants()
+
+
+def pool_state(pool: BlockPool) -> tuple[object, ...]:
+    return (
+        [pool.ref_count(b) for b in range(1, pool.num_blocks)],
+        pool.free_block_ids(),
+        [pool.block_hash(b) for b in range(pool.num_blocks)],
+        pool.get_num_free_blocks(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda p: p.get_new_blocks(-1), r"num_blocks must be an integer >= 0, got -1"),
+        (lambda p: p.get_new_blocks(2.0), r"num_blocks must be an integer >= 0, got 2\.0"),
+        (lambda p: p.touch([2, -1]), r"block -1 is not a block of this pool \(ids 0\.\.9\)"),
+        (lambda p: p.touch([10]), r"block 10 is not a block of this pool \(ids 0\.\.9\)"),
+        (lambda p: p.touch(["3"]), r"block '3' is not a block of this pool"),
+        (lambda p: p.free_blocks([1, -2]), r"block -2 is not a block of this pool"),
+        (lambda p: p.free_blocks([12]), r"block 12 is not a block of this pool"),
+        (lambda p: p.evict_blocks([9, 1.5]), r"block 1\.5 is not a block of this pool"),
+        (lambda p: p.evict_blocks([-1]), r"block -1 is not a block of this pool"),
+        (lambda p: p.reserve_blocks(-2), r"num_blocks must be an integer >= 0, got -2"),
+        (lambda p: p.ref_count(-1), r"block -1 is not a block of this pool"),
+        (lambda p: p.block_hash(10), r"block 10 is not a block of this pool"),
+    ],
+)
+def test_bad_block_ids_and_counts_are_refused_and_change_nothing(call, match):
+    pool = BlockPool(10)
+    held = pool.get_new_blocks(3)
+    pool.free_blocks([held[0]])
+    before = pool_state(pool)
+    with pytest.raises(kvcore.errors.InvalidBlockError, match=match):
+        call(pool)
+    assert pool_state(pool) == before
+    pool.check_invariants()
+
+
+def test_caching_past_the_requests_hashes_is_a_request_error():
+    pool = BlockPool(10)
+    request = cached_request(list(range(9)), 4)
+    blocks = pool.get_new_blocks(3)
+    with pytest.raises(
+        kvcore.InvalidRequestError, match="request 'r' has hashes for 2 blocks, cannot cache 3"
+    ):
+        pool.cache_full_blocks(request, blocks, 0, 3, 4, 0)
+    assert pool.num_cached_blocks() == 0
+
+
+def test_a_pool_too_large_for_int32_block_ids_is_refused():
+    """1000 TiB built per-block lists of billions of entries and took the machine down."""
+    with pytest.raises(
+        kvcore.errors.PoolTooLargeError,
+        match=r"num_blocks=2147483648 is more than a pool can address: block tables hold "
+        r"int32 ids \(at most 2147483647 blocks\)",
+    ):
+        BlockPool(2**31)
+
+
+def test_a_pool_whose_bookkeeping_exceeds_host_memory_is_refused(monkeypatch):
+    from kvcore import _block_pool
+
+    monkeypatch.setattr(_block_pool, "available_host_memory", lambda: 2**30)
+    with pytest.raises(
+        kvcore.errors.PoolTooLargeError,
+        match=r"a pool of 100000000 blocks needs about 3\.73 GiB of host memory for its "
+        r"bookkeeping \(40 bytes a block\), but only 1\.00 GiB is available",
+    ):
+        BlockPool(100_000_000)
+    assert BlockPool(1000).get_num_free_blocks() == 999
