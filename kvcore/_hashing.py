@@ -23,12 +23,13 @@ Two algorithms:
 from __future__ import annotations
 
 import hashlib
+import operator
 import struct
 from collections.abc import Hashable, Sequence
-from typing import Final, overload
+from typing import Any, Final, NoReturn, overload
 
 from kvcore._request import Request
-from kvcore.errors import InvalidConfigError
+from kvcore.errors import InvalidConfigError, InvalidRequestError, RequestStateError
 
 __all__ = [
     "HASH_ALGORITHMS",
@@ -52,6 +53,59 @@ _sha256 = hashlib.sha256
 def _token_bytes(tokens: list[int]) -> bytes:
     # struct packs a list several times faster than array("q", ...).tobytes().
     return struct.pack(f"<{len(tokens)}q", *tokens)
+
+
+def _refuse_token_ids(request: Request, start: int, end: int) -> NoReturn:
+    """Raise for the first token id in ``[start, end)`` that is not a 64-bit integer.
+
+    Called only once packing failed: the scan costs nothing on good input.
+    """
+    tokens = request._all_token_ids
+    for position in range(start, end):
+        token = tokens[position]
+        try:
+            struct.pack("<q", token)
+        except struct.error:
+            try:
+                operator.index(token)
+            except TypeError:
+                why = "not an integer"
+            else:
+                why = "outside the signed 64-bit range"
+            msg = (
+                f"request {request.request_id!r}: token id at position {position} is "
+                f"{token!r}, {why}; token ids are integers in -2**63..2**63 - 1"
+            )
+            raise InvalidRequestError(msg) from None
+    msg = f"request {request.request_id!r}: token ids {start}..{end - 1} cannot be hashed"
+    raise InvalidRequestError(msg)
+
+
+def _checked_token_bytes(request: Request, start: int, end: int) -> bytes:
+    """The packed token ids ``[start, end)`` of ``request``, refusing ids that are not int64."""
+    try:
+        return _token_bytes(request._all_token_ids[start:end])
+    except struct.error:
+        _refuse_token_ids(request, start, end)
+
+
+def _embeds_digest(embeds: Any, start: int, end: int) -> bytes:
+    """SHA-256 of rows ``[start, end)`` of prompt embeddings, with their dtype and row shape.
+
+    Accepts a numpy array or a torch tensor (any dtype, bfloat16 included).
+    """
+    rows = embeds[start:end]
+    tobytes = getattr(rows, "tobytes", None)
+    if tobytes is not None:  # numpy
+        header = f"{rows.dtype.str}{tuple(rows.shape[1:])}"
+        data = tobytes()
+    else:  # torch: view the bytes, so that dtypes numpy lacks hash too
+        import torch
+
+        header = f"{rows.dtype}{tuple(rows.shape[1:])}"
+        flat = rows.detach().to("cpu").contiguous().reshape(-1)
+        data = flat.view(torch.uint8).numpy().tobytes()
+    return _sha256(header.encode() + b"\x00" + data).digest()
 
 
 def encode_extra_keys(keys: tuple[object, ...]) -> bytes:
@@ -95,8 +149,10 @@ def block_extra_keys(request: Request, start: int, end: int) -> tuple[object, ..
     adapter; ``("mm", identifier, offset - start)`` for every multimodal input
     overlapping the block (the offset is relative to the block, negative when
     the input began in an earlier block); ``("salt", salt)`` on the block that
-    starts at token 0 when the request has a cache salt. ``None`` when there
-    are none.
+    starts at token 0 when the request has a cache salt; ``("embeds",
+    digest)`` for a block overlapping the prompt when the request has prompt
+    embeddings (SHA-256 of the block's rows, dtype and row shape). ``None``
+    when there are none.
     """
     keys: list[object] = []
     if request.lora_name:
@@ -108,6 +164,9 @@ def block_extra_keys(request: Request, start: int, end: int) -> tuple[object, ..
             keys.append(("mm", feature.identifier, feature.offset - start))
     if start == 0 and request.cache_salt:
         keys.append(("salt", request.cache_salt))
+    if request.prompt_embeds is not None and start < request.num_prompt_tokens:
+        stop = min(end, request.num_prompt_tokens)
+        keys.append(("embeds", _embeds_digest(request.prompt_embeds, start, stop)))
     return tuple(keys) if keys else None
 
 
@@ -139,7 +198,9 @@ class BlockHasher:
         comparison), so managers call it on every operation.
 
         Raises:
-            InvalidConfigError: the request was hashed before with another
+            InvalidRequestError: a token id of a completed block is not an
+                integer in the signed 64-bit range (nothing is appended).
+            RequestStateError: the request was hashed before with another
                 block size or algorithm (it belongs to another manager).
         """
         if request._hash_key is not self._key:
@@ -152,11 +213,13 @@ class BlockHasher:
         if num_new <= 0:
             return
         end = start + num_new * size
+        # Packing checks every id (an int64, or refused with its position);
+        # the sha256 path hashes the packed bytes, the others only check.
+        data = _checked_token_bytes(request, start, end)
         if request.needs_extra_hash_keys:
             self._extend_with_extra_keys(request, start, end)
         elif self.algorithm == "sha256":
             parent = hashes[-1] if hashes else NONE_HASH_SHA256
-            data = _token_bytes(tokens[start:end])
             step = 8 * size
             append = hashes.append
             for offset in range(0, len(data), step):
@@ -177,7 +240,7 @@ class BlockHasher:
                 f"{algo!r}, but this manager hashes with block size {self.block_size} and "
                 f"{self.algorithm!r}; a Request belongs to one KVCacheManager"
             )
-            raise InvalidConfigError(msg)
+            raise RequestStateError(msg)
         request._hash_key = self._key
 
     def _extend_with_extra_keys(self, request: Request, start: int, end: int) -> None:

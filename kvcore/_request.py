@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
 
 import attrs
 
-from kvcore.errors import InvalidConfigError
+from kvcore.errors import InvalidRequestError
 
 __all__ = ["MultiModalFeature", "Request"]
 
@@ -52,12 +53,27 @@ class Request:
         skip_reading_prefix_cache: Never *read* the prefix cache for this
             request (e.g. it needs prompt log-probabilities, which a cache hit
             would not compute). Its blocks are still cached for others.
+        prompt_embeds: Prompt embeddings given instead of (or with
+            placeholder) token ids: a numpy array or a torch tensor with one
+            row per prompt token. Every block's hash then covers the bytes of
+            its rows (with their dtype and row shape), so two prompts share
+            cached blocks only where their embeddings are equal.
+
+    Token ids are integers that fit a signed 64-bit integer (``bool`` and
+    numpy integers count as their integer value). They are checked when they
+    are hashed, that is when the manager first looks at a completed block: a
+    bad id is refused there, before anything changes, with its position.
+
+    Raises:
+        InvalidRequestError: an empty prompt, a request id that is not a
+            string, unsorted ``mm_features``, or ``prompt_embeds`` without one
+            row per prompt token.
     """
 
     __slots__ = (
         "_all_token_ids",
         "_hash_key",
-        "_kv_state",
+        "_kv_owner",
         "block_hashes",
         "cache_salt",
         "lora_id",
@@ -66,6 +82,7 @@ class Request:
         "num_computed_tokens",
         "num_preemptions",
         "num_prompt_tokens",
+        "prompt_embeds",
         "request_id",
         "skip_reading_prefix_cache",
     )
@@ -80,17 +97,29 @@ class Request:
         cache_salt: str | None = None,
         mm_features: Sequence[MultiModalFeature] = (),
         skip_reading_prefix_cache: bool = False,
+        prompt_embeds: Any = None,
     ) -> None:
-        if not prompt_token_ids:
+        if not isinstance(request_id, str):
+            msg = f"request_id must be a string, got {request_id!r}"
+            raise InvalidRequestError(msg)
+        if not len(prompt_token_ids):
             msg = f"request {request_id!r}: prompt_token_ids is empty; a prompt needs >= 1 token"
-            raise InvalidConfigError(msg)
+            raise InvalidRequestError(msg)
         offsets = [feature.offset for feature in mm_features]
         if offsets != sorted(offsets):
             msg = f"request {request_id!r}: mm_features must be sorted by offset"
-            raise InvalidConfigError(msg)
+            raise InvalidRequestError(msg)
         self.request_id = request_id
         self._all_token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(self._all_token_ids)
+        if prompt_embeds is not None and len(prompt_embeds) != self.num_prompt_tokens:
+            msg = (
+                f"request {request_id!r}: prompt_embeds has {len(prompt_embeds)} rows for "
+                f"{self.num_prompt_tokens} prompt tokens; give one row per prompt token"
+            )
+            raise InvalidRequestError(msg)
+        #: The prompt embeddings (one row per prompt token), or ``None``.
+        self.prompt_embeds = prompt_embeds
         self.lora_name = lora_name
         self.lora_id = lora_id
         self.cache_salt = cache_salt
@@ -103,8 +132,9 @@ class Request:
         #: Chained hashes of the full hash-size blocks (maintained by kvcore).
         self.block_hashes: list[Hashable] = []
         self._hash_key: object = None
-        # "new" → "allocated" (after a successful allocate_slots) → "freed".
-        self._kv_state = "new"
+        # The KVCacheManager holding this request's blocks (set by a successful
+        # allocate_slots, cleared by free), or None.
+        self._kv_owner: object = None
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -129,14 +159,34 @@ class Request:
     @property
     def needs_extra_hash_keys(self) -> bool:
         """Whether block hashes carry more than the token ids (LoRA, salt, media)."""
-        return bool(self.lora_name or self.cache_salt or self.mm_features)
+        return bool(
+            self.lora_name
+            or self.cache_salt
+            or self.mm_features
+            or self.prompt_embeds is not None
+        )
 
     def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
-        """Append one generated token id, or several in order."""
-        if isinstance(token_ids, int):
-            self._all_token_ids.append(token_ids)
-        else:
+        """Append one generated token id, or several in order.
+
+        The ids are checked when their block is hashed (see the class).
+
+        Raises:
+            InvalidRequestError: ``token_ids`` is neither an integer nor an
+                iterable.
+        """
+        if token_ids.__class__ is int:
+            self._all_token_ids.append(token_ids)  # type: ignore[arg-type]
+        elif isinstance(token_ids, Iterable) and not isinstance(token_ids, str | bytes):
             self._all_token_ids.extend(token_ids)
+        elif hasattr(token_ids, "__index__"):
+            self._all_token_ids.append(token_ids)  # type: ignore[arg-type]
+        else:
+            msg = (
+                f"request {self.request_id!r}: token_ids must be an integer or an iterable "
+                f"of integers, got {token_ids!r}"
+            )
+            raise InvalidRequestError(msg)
 
     def __repr__(self) -> str:
         return (

@@ -16,7 +16,7 @@ from kvcore._hashing import (
     block_extra_keys,
     encode_extra_keys,
 )
-from kvcore.errors import InvalidConfigError
+from kvcore.errors import InvalidConfigError, RequestStateError
 
 
 def expected_sha256(parent: bytes, tokens: list[int], extra: bytes = b"") -> bytes:
@@ -192,7 +192,7 @@ def test_block_hash_view_uses_the_last_unit_of_each_block():
 def test_a_request_cannot_be_hashed_two_ways():
     request = Request("r", list(range(16)))
     BlockHasher(4).update(request)
-    with pytest.raises(InvalidConfigError, match="belongs to one KVCacheManager"):
+    with pytest.raises(RequestStateError, match="belongs to one KVCacheManager"):
         BlockHasher(8).update(request)
 
 
