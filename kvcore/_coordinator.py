@@ -128,11 +128,31 @@ class KVCacheCoordinator:
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
     ) -> None:
-        """Adopt a new request's hits in every group."""
-        for manager, hits in zip(self.managers, new_computed_blocks, strict=True):
+        """Adopt a new request's hits in every group, and blocks for its external tokens.
+
+        A group allocates its external-token blocks from the head of the free
+        queue, where another group's hit block may wait (freed but cached).
+        So with several groups, every group's hit blocks are first taken out
+        of the queue (one extra reference each, dropped once every group has
+        adopted its own): no block ends up in two groups. The reference
+        adopts group by group and can hand a block to two groups.
+        """
+        managers = self.managers
+        pinned: list[int] = []
+        if num_external_computed_tokens and len(managers) > 1:
+            num_computed = num_local_computed_tokens + num_external_computed_tokens
+            for manager, hits in zip(managers, new_computed_blocks, strict=True):
+                if hits:
+                    # The hits a group adopts: those its type still reads.
+                    skipped = max(0, manager.get_num_skipped_tokens(num_computed))
+                    pinned.extend(hits[skipped // manager.block_size :])
+            self.block_pool.touch(pinned)
+        for manager, hits in zip(managers, new_computed_blocks, strict=True):
             manager.allocate_new_computed_blocks(
                 request_id, hits, num_local_computed_tokens, num_external_computed_tokens
             )
+        if pinned:
+            self.block_pool.free_blocks(pinned)
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_encoder_tokens: int = 0
@@ -212,6 +232,7 @@ class UnitaryCoordinator(KVCacheCoordinator):
             self.use_eagle,
             self._block_size,
         )
+        self._eagle_looks_past = self.use_eagle and self._manager.eagle_drops_last_block
 
     # One group: the fan-out methods call the manager directly (no loop); they
     # run for every request on every step.
@@ -242,9 +263,19 @@ class UnitaryCoordinator(KVCacheCoordinator):
     def find_longest_cache_hit(
         self, block_hashes: Sequence[Hashable], max_cache_hit_length: int
     ) -> tuple[Hits, int]:
-        """The group's own longest hit."""
+        """The group's own longest hit.
+
+        With EAGLE the rule is the hybrid coordinator's: the group looks one
+        block past the limit (as far as the request's hashes go) and drops
+        the last matched block, so a hit of ``L`` tokens needs the block
+        after it cached too, and ``L`` never exceeds the limit. (The reference
+        stops at the limit before dropping, one block shorter.)
+        """
+        limit = max_cache_hit_length
+        if self._eagle_looks_past:
+            limit = min(limit + self._block_size, len(block_hashes) * self.hash_block_size)
         # Concatenation: twice as fast as unpacking the tail into a display.
-        query = (block_hashes, max_cache_hit_length) + self._query_tail  # noqa: RUF005
+        query = (block_hashes, limit) + self._query_tail  # noqa: RUF005
         hits = self._manager.find_longest_cache_hit(_new_query(HitQuery, query))
         return hits, len(hits[0]) * self._block_size
 

@@ -7,15 +7,21 @@ N more tokens or say no without changing anything
 (:meth:`KVCacheManager.free`). The answers are block tables, one per KV cache
 group. Method names and meanings follow the reference engine's scheduler
 interface, so an engine written against it can switch.
+
+The boundary is guarded: every public method checks its arguments (O(1), or
+O(blocks it adopts)) and either completes or changes nothing. The changes
+of one call run in a transaction of the block pool: if a plugin manager
+raises half-way, the pool and every block table are restored exactly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
+from kvcore._boundary import check_cache_hit, checked_count
 from kvcore._config import KVCacheConfig
 from kvcore._coordinator import make_coordinator
 from kvcore._events import KVCacheEvent
@@ -23,9 +29,18 @@ from kvcore._hashing import BlockHasher
 from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
 from kvcore._request import Request
-from kvcore.errors import DoubleFreeError, InvalidRequestError, RequestTooLongError
+from kvcore.errors import (
+    InvalidConfigError,
+    InvalidRequestError,
+    RequestStateError,
+    RequestTooLongError,
+)
 
 __all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
+
+# The int 0 (one object in CPython): the default counts compare by identity on
+# the hot path, and anything else goes through the full check.
+_ZERO: Final = 0
 
 
 class KVCacheBlocks:
@@ -113,10 +128,16 @@ class KVCacheManager:
         hash_algorithm: ``"sha256"`` (reproducible, collision resistant) or
             ``"fast"`` (for simulation).
         enable_kv_cache_events: Queue events for :meth:`take_events`.
+        log_stats: Gather lookup statistics in :attr:`prefix_cache_stats`.
+            ``False`` leaves it ``None`` (as the reference engine's
+            ``log_stats=False``) and :meth:`make_prefix_cache_stats` returns
+            ``None``.
 
     Raises:
         UnknownSpecError: a group's spec is served by no loaded plugin.
-        InvalidConfigError: the config cannot be served as asked.
+        InvalidConfigError: the config cannot be served as asked (a bad
+            ``max_model_len`` included).
+        PoolTooLargeError: the config has more blocks than a pool can hold.
     """
 
     def __init__(
@@ -129,10 +150,11 @@ class KVCacheManager:
         use_eagle: bool = False,
         hash_algorithm: str = "sha256",
         enable_kv_cache_events: bool = False,
+        log_stats: bool = True,
     ) -> None:
         if type(max_model_len) is not int or max_model_len <= 0:
             msg = f"max_model_len must be a positive integer, got {max_model_len!r}"
-            raise InvalidRequestError(msg)
+            raise InvalidConfigError(msg)
         if registry is None:
             registry = load_registry()
         self.kv_cache_config = kv_cache_config
@@ -155,7 +177,18 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups))
         )
-        self.prefix_cache_stats = PrefixCacheStats()
+        self.log_stats = log_stats
+        #: Lookup statistics since the last :meth:`make_prefix_cache_stats`
+        #: (``None`` with ``log_stats=False``).
+        self.prefix_cache_stats: PrefixCacheStats | None = (
+            PrefixCacheStats() if log_stats else None
+        )
+        # Requests holding blocks, by id: a second Request object with a live
+        # id is refused (it would share the first one's block tables).
+        self._requests: dict[str, Request] = {}
+        self._decoder_groups = tuple(
+            m for m in self.coordinator.managers if not m.allocates_for_encoder
+        )
 
     # -- queries ----------------------------------------------------------------------
 
@@ -181,7 +214,12 @@ class KVCacheManager:
 
         Raises:
             RequestTooLongError: the request is longer than ``max_model_len``.
+            RequestStateError: the request holds blocks of another manager.
+            InvalidRequestError: a token id is not a 64-bit integer.
         """
+        owner = request._kv_owner
+        if owner is not None and owner is not self:
+            raise _foreign(request)
         if request.num_tokens > self.max_model_len:
             msg = (
                 f"request {request.request_id!r} has {request.num_tokens} tokens, more than "
@@ -196,13 +234,14 @@ class KVCacheManager:
             request.block_hashes, request.num_tokens - 1
         )
         stats = self.prefix_cache_stats
-        stats.requests += 1
-        stats.queries += request.num_tokens
-        stats.hits += num_hit_tokens
-        if request.num_preemptions:
-            stats.preempted_requests += 1
-            stats.preempted_queries += request.num_tokens
-            stats.preempted_hits += num_hit_tokens
+        if stats is not None:
+            stats.requests += 1
+            stats.queries += request.num_tokens
+            stats.hits += num_hit_tokens
+            if request.num_preemptions:
+                stats.preempted_requests += 1
+                stats.preempted_queries += request.num_tokens
+                stats.preempted_hits += num_hit_tokens
         if not any(hits):
             return self.empty_kv_cache_blocks, num_hit_tokens
         return KVCacheBlocks(hits), num_hit_tokens
@@ -234,6 +273,16 @@ class KVCacheManager:
         free blocks; if it does not fit, nothing else changes and ``None`` is
         returned.
 
+        A new request adopts its cache hit here. Every group's hit blocks are
+        taken before any group allocates, so that one group's allocation (for
+        external tokens) never takes a block another group is about to adopt.
+        The reference engine adopts group by group and can hand one block to
+        two groups.
+
+        Every argument is checked before anything changes, and the changes
+        run in a transaction of the pool: if a plugin manager raises half-way,
+        the pool and every block table are restored and the error goes on.
+
         Args:
             request: The request.
             num_new_tokens: Tokens to compute this step (including unverified
@@ -247,100 +296,258 @@ class KVCacheManager:
             num_encoder_tokens: Encoder tokens of the request (groups that
                 allocate for the encoder, e.g. cross attention).
 
+        Every count is an integer >= 0 (numpy integers accepted). The
+        computed tokens (``request.num_computed_tokens`` plus the hit plus
+        the external tokens) must be tokens of the request.
+
         Returns:
             The newly allocated blocks per group, or ``None`` if the pool
             cannot serve the request now.
 
         Raises:
-            InvalidRequestError: nothing to allocate (no new and no external
-                tokens).
+            InvalidRequestError: a count is not an integer >= 0, nothing to
+                allocate (no new and no external tokens), more computed tokens
+                than the request has, or a token id that is not a 64-bit
+                integer.
             RequestTooLongError: computed plus new tokens exceed
                 ``max_model_len``.
+            InvalidCacheHitError: the hit blocks are not this request's hit
+                (see :class:`~kvcore.errors.InvalidCacheHitError`).
+            RequestStateError: another live ``Request`` has this id, the
+                request holds blocks of another manager, or a running request
+                is given a hit or external tokens.
         """
+        if (
+            num_new_computed_tokens is not _ZERO
+            or num_lookahead_tokens is not _ZERO
+            or num_external_computed_tokens is not _ZERO
+            or num_encoder_tokens is not _ZERO
+            or num_new_tokens.__class__ is not int
+            or num_new_tokens < 0
+        ):
+            num_new_tokens = checked_count("num_new_tokens", num_new_tokens)
+            num_new_computed_tokens = checked_count(
+                "num_new_computed_tokens", num_new_computed_tokens
+            )
+            num_lookahead_tokens = checked_count("num_lookahead_tokens", num_lookahead_tokens)
+            num_external_computed_tokens = checked_count(
+                "num_external_computed_tokens", num_external_computed_tokens
+            )
+            num_encoder_tokens = checked_count("num_encoder_tokens", num_encoder_tokens)
+        request_id = request.request_id
+        running = request._kv_owner is self
+        if not running:
+            self._check_new_request(request)
+        elif num_new_computed_tokens or num_external_computed_tokens or (
+            new_computed_blocks is not None and any(new_computed_blocks.blocks)
+        ):
+            raise _adopted_once(request, num_new_computed_tokens, new_computed_blocks)
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             msg = (
-                f"request {request.request_id!r}: num_new_tokens must be > 0 when there "
+                f"request {request_id!r}: num_new_tokens must be > 0 when there "
                 "are no external computed tokens"
             )
             raise InvalidRequestError(msg)
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         num_computed = num_local_computed + num_external_computed_tokens
+        num_tokens = len(request._all_token_ids)
+        if num_computed.__class__ is not int or num_computed > num_tokens:
+            self._refuse_computed(request, num_new_computed_tokens, num_external_computed_tokens)
         max_model_len = self.max_model_len
         if num_computed + num_new_tokens > max_model_len:
             msg = (
-                f"request {request.request_id!r} would hold {num_computed + num_new_tokens} "
+                f"request {request_id!r} would hold {num_computed + num_new_tokens} "
                 f"tokens ({num_computed} computed + {num_new_tokens} new), more than "
                 f"max_model_len={max_model_len}; cap num_new_tokens at "
                 f"{max_model_len - num_computed}"
             )
             raise RequestTooLongError(msg)
+        enable_caching = self.enable_caching
+        if enable_caching:
+            # Hashing checks the token ids, before anything changes.
+            self._hasher.update(request)
         if new_computed_blocks is not None:
             hits = new_computed_blocks.blocks
             has_hits = any(hits)
+            if not running and (has_hits or num_new_computed_tokens or len(hits) != len(
+                self.empty_kv_cache_blocks.blocks
+            )):
+                check_cache_hit(
+                    self.coordinator, request, hits, num_new_computed_tokens, num_computed
+                )
         else:
             hits = self.empty_kv_cache_blocks.blocks
             has_hits = False
+            if num_new_computed_tokens:
+                check_cache_hit(self.coordinator, request, hits, num_new_computed_tokens, 0)
         # Lookahead slots past the end of the model are never used.
         num_need_slot = num_computed + num_new_tokens + num_lookahead_tokens
         if num_need_slot > max_model_len:
             num_need_slot = max_model_len
         coordinator = self.coordinator
-        request_id = request.request_id
-        if self._has_windowed_groups:
-            coordinator.remove_skipped_blocks(request_id, num_computed)
-        num_blocks = coordinator.get_num_blocks_to_allocate(
-            request_id, num_need_slot, hits, num_encoder_tokens, num_computed
-        )
-        if num_blocks > self.block_pool._free.num_free:
-            return None
-        if has_hits or num_external_computed_tokens > 0:
-            coordinator.allocate_new_computed_blocks(
-                request_id, hits, num_local_computed, num_external_computed_tokens
+        pool = self.block_pool
+        started = pool.begin()
+        try:
+            if self._has_windowed_groups:
+                coordinator.remove_skipped_blocks(request_id, num_computed)
+            num_blocks = coordinator.get_num_blocks_to_allocate(
+                request_id, num_need_slot, hits, num_encoder_tokens, num_computed
             )
-        new_blocks = coordinator.allocate_new_blocks(request_id, num_need_slot, num_encoder_tokens)
-        request._kv_state = "allocated"
-        if self.enable_caching and not delay_cache_blocks:
-            self._hasher.update(request)
-            # Unverified draft tokens past the request's tokens are not cached.
-            num_to_cache = num_computed + num_new_tokens
-            num_tokens = len(request._all_token_ids)
-            coordinator.cache_blocks(
-                request, num_to_cache if num_to_cache < num_tokens else num_tokens
+            if num_blocks > pool._free.num_free:
+                if started:
+                    pool.commit()  # keep the blocks freed above: nobody needs them
+                return None
+            if has_hits or num_external_computed_tokens > 0:
+                coordinator.allocate_new_computed_blocks(
+                    request_id, hits, num_local_computed, num_external_computed_tokens
+                )
+            new_blocks = coordinator.allocate_new_blocks(
+                request_id, num_need_slot, num_encoder_tokens
             )
+            if enable_caching and not delay_cache_blocks:
+                # Unverified draft tokens past the request's tokens are not cached.
+                num_to_cache = num_computed + num_new_tokens
+                coordinator.cache_blocks(
+                    request, num_to_cache if num_to_cache < num_tokens else num_tokens
+                )
+        except BaseException:
+            if started:
+                pool.rollback()
+            raise
+        if started:
+            pool.commit()
+        if not running:
+            request._kv_owner = self
+            self._requests[request_id] = request
         if not any(new_blocks):
             return self.empty_kv_cache_blocks
         return KVCacheBlocks(new_blocks)
+
+    def _check_new_request(self, request: Request) -> None:
+        """A request that holds no blocks here: it may not hold blocks elsewhere either."""
+        if request._kv_owner is not None:
+            raise _foreign(request)
+        live = self._requests.get(request.request_id)
+        if live is not None:
+            msg = (
+                f"request {request.request_id!r}: another Request object with id "
+                f"{request.request_id!r} holds blocks of this manager; request ids must be "
+                "unique among live requests (free the other one first)"
+            )
+            raise RequestStateError(msg)
+
+    @staticmethod
+    def _refuse_computed(request: Request, num_hit: int, num_external: int) -> None:
+        engine = request.num_computed_tokens
+        if engine.__class__ is not int or engine < 0:
+            msg = (
+                f"request {request.request_id!r}: num_computed_tokens must be an integer "
+                f">= 0, got {engine!r}"
+            )
+            raise InvalidRequestError(msg)
+        computed = engine + num_hit + num_external
+        msg = (
+            f"request {request.request_id!r} has {request.num_tokens} tokens, fewer than the "
+            f"{computed} computed (num_computed_tokens={engine} + num_new_computed_tokens="
+            f"{num_hit} + num_external_computed_tokens={num_external}); computed tokens "
+            "must be tokens of the request"
+        )
+        raise InvalidRequestError(msg)
+
+    def _run(self, operation: Any, *arguments: Any) -> None:
+        """Run ``operation(*arguments)`` so that it completes or changes nothing."""
+        pool = self.block_pool
+        started = pool.begin()
+        try:
+            operation(*arguments)
+        except BaseException:
+            if started:
+                pool.rollback()
+            raise
+        if started:
+            pool.commit()
 
     def free(self, request: Request) -> None:
         """Release every block of a finished or preempted request.
 
         Blocks are freed last first, so a request's tail is evicted before
         its head (which other requests are more likely to share). A request
-        that was never allocated (aborted while waiting) is ignored.
+        that holds no blocks (never allocated, or freed already: preempted,
+        then aborted while waiting) is ignored, as the reference engine does.
 
         Raises:
-            DoubleFreeError: the request was already freed and not allocated
-                since; nothing changes.
+            RequestStateError: the request holds blocks of another manager;
+                nothing changes.
         """
-        if request._kv_state == "freed":
-            msg = (
-                f"request {request.request_id!r} was already freed; free a request once "
-                "per allocation (after preemption, allocate it again before freeing)"
-            )
-            raise DoubleFreeError(msg)
-        if request._kv_state == "allocated":
-            self.coordinator.free(request.request_id)
-            request._kv_state = "freed"
+        owner = request._kv_owner
+        if owner is not self:
+            if owner is None:
+                return
+            raise _foreign(request)
+        self._run(self.coordinator.free, request.request_id)
+        request._kv_owner = None
+        del self._requests[request.request_id]
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Cache the request's blocks that are full after ``num_computed_tokens`` tokens."""
-        if self.enable_caching:
-            self._hasher.update(request)
-            self.coordinator.cache_blocks(request, num_computed_tokens)
+        """Cache the request's blocks that are full after ``num_computed_tokens`` tokens.
+
+        For blocks allocated with ``delay_cache_blocks=True`` whose KV has
+        arrived since. A no-op with prefix caching off.
+
+        Raises:
+            InvalidRequestError: ``num_computed_tokens`` is not an integer >=
+                0, or is more than the request's tokens or slots.
+            RequestStateError: the request holds no blocks of this manager.
+        """
+        if num_computed_tokens.__class__ is not int or num_computed_tokens < 0:
+            num_computed_tokens = checked_count("num_computed_tokens", num_computed_tokens)
+        if not self.enable_caching:
+            return
+        if request._kv_owner is not self:
+            msg = (
+                f"request {request.request_id!r} holds no blocks of this manager; cache the "
+                "blocks of a request after allocate_slots gave it some"
+            )
+            raise RequestStateError(msg)
+        if num_computed_tokens > request.num_tokens:
+            msg = (
+                f"num_computed_tokens={num_computed_tokens} is more than request "
+                f"{request.request_id!r}'s {request.num_tokens} tokens; blocks are cached "
+                "only for tokens of the request"
+            )
+            raise InvalidRequestError(msg)
+        self._check_slots(request.request_id, num_computed_tokens, "num_computed_tokens")
+        self._hasher.update(request)
+        self._run(self.coordinator.cache_blocks, request, num_computed_tokens)
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
-        """Free the request's blocks that fell out of every windowed type's window."""
-        self.coordinator.remove_skipped_blocks(request_id, total_computed_tokens)
+        """Free the request's blocks that fell out of every windowed type's window.
+
+        A request that holds no blocks is ignored.
+
+        Raises:
+            InvalidRequestError: ``total_computed_tokens`` is not an integer >=
+                0, or is more than the tokens the request has slots for (it
+                would free blocks the request still reads).
+        """
+        if total_computed_tokens.__class__ is not int or total_computed_tokens < 0:
+            total_computed_tokens = checked_count("total_computed_tokens", total_computed_tokens)
+        if not self._has_windowed_groups or request_id not in self._requests:
+            return
+        self._check_slots(request_id, total_computed_tokens, "total_computed_tokens")
+        self._run(self.coordinator.remove_skipped_blocks, request_id, total_computed_tokens)
+
+    def _check_slots(self, request_id: str, num_tokens: int, name: str) -> None:
+        slots = max(
+            (len(m.get_block_ids(request_id)) * m.block_size for m in self._decoder_groups),
+            default=0,
+        )
+        if num_tokens > slots:
+            msg = (
+                f"{name}={num_tokens} is more than the {slots} tokens request {request_id!r} "
+                f"has slots for; pass a count of the request's computed tokens"
+            )
+            raise InvalidRequestError(msg)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block, if no request holds blocks (else change nothing).
@@ -350,20 +557,34 @@ class KVCacheManager:
         """
         if not self.block_pool.reset_prefix_cache():
             return False
-        self.prefix_cache_stats.reset = True
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
         return True
 
     def evict_blocks(self, block_ids: Sequence[int]) -> None:
-        """Drop the given blocks from the prefix cache (their contents are invalid)."""
+        """Drop the given blocks from the prefix cache (their contents are invalid).
+
+        Raises:
+            InvalidBlockError: an id is not a block of the pool; nothing changes.
+        """
         self.block_pool.evict_blocks(block_ids)
 
     def take_events(self) -> list[KVCacheEvent]:
         """Return and clear the queued KV cache events (empty if events are off)."""
         return self.block_pool.take_events()
 
-    def make_prefix_cache_stats(self) -> PrefixCacheStats:
-        """Return the lookup statistics gathered since the last call, and restart them."""
+    def peek_events(self) -> tuple[KVCacheEvent, ...]:
+        """The queued KV cache events, oldest first, without taking them."""
+        return self.block_pool.peek_events()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Return the lookup statistics gathered since the last call, and restart them.
+
+        ``None`` when the manager was built with ``log_stats=False``.
+        """
         stats = self.prefix_cache_stats
+        if stats is None:
+            return None
         self.prefix_cache_stats = PrefixCacheStats()
         return stats
 
@@ -389,10 +610,14 @@ class KVCacheManager:
         This is the array a model runner copies to the device.
 
         Raises:
-            InvalidRequestError: a table is longer than ``width``.
+            InvalidRequestError: a table is longer than ``width``, or
+                ``group_id`` is not a group.
         """
         import numpy as np
 
+        if group_id.__class__ is not int or not 0 <= group_id < self.num_kv_cache_groups:
+            msg = f"group_id must be 0..{self.num_kv_cache_groups - 1}, got {group_id!r}"
+            raise InvalidRequestError(msg)
         manager = self.coordinator.managers[group_id]
         tables = [manager.get_block_ids(request_id) for request_id in request_ids]
         longest = max(map(len, tables), default=0)
@@ -405,3 +630,25 @@ class KVCacheManager:
         for row, table in enumerate(tables):
             array[row, : len(table)] = table
         return array
+
+
+def _foreign(request: Request) -> RequestStateError:
+    msg = (
+        f"request {request.request_id!r} holds blocks of another KVCacheManager; a Request "
+        "belongs to one manager (free it with the manager that allocated it)"
+    )
+    return RequestStateError(msg)
+
+
+def _adopted_once(
+    request: Request, num_hit: int, hit: KVCacheBlocks | None
+) -> RequestStateError:
+    if num_hit or (hit is not None and any(hit.blocks)):
+        what = "cache hits (num_new_computed_tokens, new_computed_blocks)"
+    else:
+        what = "external computed tokens (num_external_computed_tokens)"
+    msg = (
+        f"request {request.request_id!r} already holds blocks; {what} are adopted once, "
+        "when it is admitted (a preempted request is freed, then admitted again)"
+    )
+    return RequestStateError(msg)

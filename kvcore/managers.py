@@ -21,18 +21,25 @@ which stands for a position whose KV is not kept.
 Managers are called directly by the coordinator on every scheduler step, so
 their methods are on the allocation path: keep them free of hook calls,
 logging and per-call allocation of helper objects.
+
+Every operation of the engine-facing manager either completes or changes
+nothing: when a manager raises half-way, the pool undoes its own changes and
+the changes recorded with :meth:`BlockPool.record <kvcore.BlockPool.record>`.
+The base-class methods record every change they make to ``req_to_blocks`` and
+``num_cached_block``; a subclass that changes them itself records its
+changes the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import ClassVar, Generic, NamedTuple, Protocol, TypeVar
+from collections.abc import Hashable, MutableMapping, Sequence
+from typing import Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
 
 from kvcore._block_pool import NULL_BLOCK, BlockPool
 from kvcore._hashing import BlockHashView
 from kvcore._request import Request
 from kvcore._utils import cdiv
-from kvcore.errors import InvalidConfigError
+from kvcore.errors import InvalidCacheHitError, RequestStateError
 from kvcore.specs import KVCacheSpec
 
 __all__ = [
@@ -48,6 +55,26 @@ __all__ = [
 
 #: The spec type a manager class serves.
 SpecT = TypeVar("SpecT", bound=KVCacheSpec)
+
+_MISSING: Any = object()
+
+
+# Undo steps for the table changes of the base class (see BlockPool.record).
+
+
+def _undo_truncate(table: list[int], length: int) -> None:
+    del table[length:]
+
+
+def _undo_set(mapping: MutableMapping[str, Any], key: str, old: object) -> None:
+    if old is _MISSING:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = old
+
+
+def _undo_nulls(table: list[int], first: int, blocks: list[int]) -> None:
+    table[first : first + len(blocks)] = blocks
 
 
 class CachedBlockLookup(Protocol):
@@ -345,12 +372,12 @@ class SingleTypeManager(Generic[SpecT]):
         if request_id in self.num_cached_block:
             if new_computed_blocks:
                 msg = f"request {request_id!r} is running; it cannot adopt new cache hits"
-                raise InvalidConfigError(msg)
+                raise RequestStateError(msg)
             return
-        table = self.req_to_blocks.setdefault(request_id, [])
+        table = self.req_to_blocks.get(request_id)
         if table:
             msg = f"request {request_id!r} already holds blocks; hits are adopted once"
-            raise InvalidConfigError(msg)
+            raise RequestStateError(msg)
         num_total_computed = num_local_computed_tokens + num_external_computed_tokens
         num_skipped_tokens = self.get_num_skipped_tokens(num_total_computed)
         num_skipped_blocks = num_skipped_tokens // self.block_size
@@ -359,22 +386,28 @@ class SingleTypeManager(Generic[SpecT]):
             num_external_computed_tokens = min(
                 num_total_computed - num_skipped_tokens, num_external_computed_tokens
             )
-        if self.enable_caching:
-            self.block_pool.touch(new_computed_blocks)
-        elif any(new_computed_blocks):
+        if not self.enable_caching and any(new_computed_blocks):
             msg = "cache-hit blocks were given, but prefix caching is disabled"
-            raise InvalidConfigError(msg)
+            raise InvalidCacheHitError(msg)
+        pool = self.block_pool
+        log = pool._log
+        if table is None:
+            table = self.req_to_blocks[request_id] = []
+            if log is not None:
+                log.append((_undo_set, (self.req_to_blocks, request_id, _MISSING)))
+        if log is not None:
+            log.append((_undo_truncate, (table, 0)))
+            log.append((_undo_set, (self.num_cached_block, request_id, _MISSING)))
+        if self.enable_caching:
+            pool.touch(new_computed_blocks)
         if num_skipped_blocks:
             table.extend([NULL_BLOCK] * num_skipped_blocks)
         table.extend(new_computed_blocks)
         # Hits (and the nulls standing for skipped hits) are already cached.
         self.num_cached_block[request_id] = len(table)
         if num_external_computed_tokens > 0:
-            table.extend(
-                self.block_pool.get_new_blocks(
-                    cdiv(num_total_computed, self.block_size) - len(table)
-                )
-            )
+            num_external_blocks = cdiv(num_total_computed, self.block_size) - len(table)
+            table.extend(pool.get_new_blocks(num_external_blocks))
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
         """Grow the request's table so it has slots for ``num_tokens`` tokens.
@@ -383,12 +416,17 @@ class SingleTypeManager(Generic[SpecT]):
             The newly allocated blocks (empty if the table was big enough).
         """
         table = self.req_to_blocks.get(request_id)
+        log = self.block_pool._log
         if table is None:
             table = self.req_to_blocks[request_id] = []
+            if log is not None:
+                log.append((_undo_set, (self.req_to_blocks, request_id, _MISSING)))
         num_new = -(-num_tokens // self.block_size) - len(table)
         if num_new <= 0:
             return []
         new_blocks = self.block_pool.get_new_blocks(num_new)
+        if log is not None:
+            log.append((_undo_truncate, (table, len(table))))
         table.extend(new_blocks)
         return new_blocks
 
@@ -399,7 +437,8 @@ class SingleTypeManager(Generic[SpecT]):
         num_full = num_tokens // self.block_size
         if num_cached >= num_full:
             return
-        self.block_pool.cache_full_blocks(
+        pool = self.block_pool
+        pool.cache_full_blocks(
             request,
             self.req_to_blocks[request_id],
             num_cached,
@@ -407,6 +446,9 @@ class SingleTypeManager(Generic[SpecT]):
             self.block_size,
             self.kv_cache_group_id,
         )
+        if pool._log is not None:
+            old = self.num_cached_block.get(request_id, _MISSING)
+            pool._log.append((_undo_set, (self.num_cached_block, request_id, old)))
         self.num_cached_block[request_id] = num_full
 
     def free(self, request_id: str) -> None:
@@ -414,9 +456,13 @@ class SingleTypeManager(Generic[SpecT]):
 
         A request that holds no blocks (aborted before allocation) is ignored.
         """
-        table = self.req_to_blocks.pop(request_id, None)
-        self.num_cached_block.pop(request_id, None)
-        if table:
+        table = self.req_to_blocks.pop(request_id, _MISSING)
+        num_cached = self.num_cached_block.pop(request_id, _MISSING)
+        log = self.block_pool._log
+        if log is not None:
+            log.append((_undo_set, (self.req_to_blocks, request_id, table)))
+            log.append((_undo_set, (self.num_cached_block, request_id, num_cached)))
+        if table is not _MISSING and table:
             self.block_pool.free_blocks(table[::-1])
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
@@ -443,9 +489,11 @@ class SingleTypeManager(Generic[SpecT]):
             if not block:
                 break
             removed.append(block)
-            table[index] = NULL_BLOCK
         if removed:
+            first = num_skipped_blocks - len(removed)
             self.block_pool.free_blocks(removed)
+            table[first:num_skipped_blocks] = [NULL_BLOCK] * len(removed)
+            self.block_pool.record(_undo_nulls, table, first, removed[::-1])
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table in this group (empty if it holds none)."""

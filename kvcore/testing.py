@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import attrs
 
 from kvcore._conformance import ConformanceError, ConformanceReport, check_plugin
+from kvcore._hashing import hashes_at_block_size
 from kvcore._kv_cache_manager import KVCacheBlocks, KVCacheManager
 from kvcore._request import Request
 
@@ -69,11 +70,19 @@ def admit(
 def check_manager_invariants(manager: KVCacheManager) -> None:
     """Check the pool's and the managers' bookkeeping against each other.
 
-    * the pool's own invariants (:meth:`~kvcore.BlockPool.check_invariants`);
+    * the pool's own invariants (:meth:`~kvcore.BlockPool.check_invariants`:
+      the free count matches the free queue, which has no cycle, every
+      cache-map entry matches its block);
     * every block's reference count equals the number of block tables (over
       all requests and groups) holding it, plus one if it is reserved;
+    * no block is in the tables of two groups;
     * free + held (counted once) + reserved + the null block = pool size;
-    * each manager's cached-block count never exceeds its table length.
+    * each manager's cached-block count never exceeds its table length;
+    * every block a table marks as cached that still carries a hash carries
+      the hash its position implies for its request;
+    * only requests the manager knows as holding blocks have tables.
+
+    O(pool size + table entries): for tests, not for the allocation path.
 
     Raises:
         AssertionError: naming the violated invariant.
@@ -81,13 +90,30 @@ def check_manager_invariants(manager: KVCacheManager) -> None:
     pool = manager.block_pool
     pool.check_invariants()
     holders: Counter[int] = Counter()
+    owner_group: dict[int, int] = {}
+    live = manager._requests
     for group in manager.coordinator.managers:
+        group_id = group.kv_cache_group_id
         for request_id, table in group.req_to_blocks.items():
             holders.update(block for block in table if block)
             cached = group.num_cached_block.get(request_id, 0)
             if cached > len(table):
-                msg = f"group {group.kv_cache_group_id}: {request_id!r} cached {cached} > table"
+                msg = f"group {group_id}: {request_id!r} cached {cached} > table"
                 raise AssertionError(msg)
+            if table and request_id not in live:
+                msg = f"group {group_id} has a table for {request_id!r}, which holds no blocks"
+                raise AssertionError(msg)
+            for block in table:
+                if block and owner_group.setdefault(block, group_id) != group_id:
+                    msg = (
+                        f"block {block} is in the tables of groups {owner_group[block]} and "
+                        f"{group_id}"
+                    )
+                    raise AssertionError(msg)
+    for request_id, request in live.items():
+        if request._kv_owner is not manager:
+            msg = f"request {request_id!r} is live but does not belong to this manager"
+            raise AssertionError(msg)
     reserved = set(pool._reserved)
     for block in range(1, pool.num_blocks):
         expected = holders.get(block, 0) + (block in reserved)
@@ -105,10 +131,44 @@ def check_manager_invariants(manager: KVCacheManager) -> None:
             f"+ null 1 = {total}, pool has {pool.num_blocks}"
         )
         raise AssertionError(msg)
+    _check_cached_positions(manager)
+
+
+def _check_cached_positions(manager: KVCacheManager) -> None:
+    """A table's cached, still-hashed blocks carry their position's hash for that request."""
+    pool = manager.block_pool
+    coordinator = manager.coordinator
+    for group in coordinator.managers:
+        if not coordinator.enable_caching or not group.is_prefix_cacheable(group.spec):
+            continue
+        for request_id, table in group.req_to_blocks.items():
+            request = manager._requests.get(request_id)
+            if request is None:
+                continue
+            hashes = hashes_at_block_size(
+                request.block_hashes, coordinator.hash_block_size, group.block_size
+            )
+            num_cached = group.num_cached_block.get(request_id, 0)
+            for position, block in enumerate(table[:num_cached]):
+                block_hash = pool._hash[block] if block else None
+                if block_hash is None:
+                    continue  # evicted while held (evict_blocks), or never hashed
+                if position >= len(hashes) or block_hash != hashes[position]:
+                    msg = (
+                        f"group {group.kv_cache_group_id}: block {block} at position "
+                        f"{position} of request {request_id!r} is cached under the hash of "
+                        "another position"
+                    )
+                    raise AssertionError(msg)
 
 
 def snapshot(manager: KVCacheManager) -> tuple[object, ...]:
-    """Everything an allocation may change: ref counts, tables, cache marks, queue order."""
+    """Everything an operation may change, for comparing before and after.
+
+    Reference counts, free-queue order, each block's hash and group, the
+    cache map (with duplicates), reserved blocks, pending events, every block
+    table and cached-block count, and the requests holding blocks.
+    """
     pool = manager.block_pool
     tables = tuple(
         (
@@ -117,7 +177,21 @@ def snapshot(manager: KVCacheManager) -> tuple[object, ...]:
         )
         for group in manager.coordinator.managers
     )
-    return (tuple(pool._ref), tuple(pool.free_block_ids()), tuple(pool._hash), tables)
+    cache_map = tuple(
+        (dict(cached), {h: tuple(blocks) for h, blocks in dups.items()})
+        for cached, dups in zip(pool._cached, pool._dups, strict=True)
+    )
+    return (
+        tuple(pool._ref),
+        tuple(pool.free_block_ids()),
+        tuple(pool._hash),
+        tuple(pool._group),
+        cache_map,
+        tuple(pool._reserved),
+        pool.peek_events(),
+        tables,
+        tuple(sorted(manager._requests)),
+    )
 
 
 @attrs.define

@@ -24,7 +24,7 @@ import pytest
 
 import kvcore
 from kvcore.errors import InvalidConfigError
-from kvcore.testing import admit
+from kvcore.testing import admit, check_manager_invariants
 from kvcore_plugins.chunked_local import ChunkedLocalAttentionSpec
 from kvcore_plugins.cross_attention import CrossAttentionSpec
 from kvcore_plugins.full_attention import FullAttentionManager, FullAttentionSpec
@@ -494,3 +494,63 @@ def test_events_name_each_groups_kind(registry):
         (1, "sliding_window", 2),
         (2, "mamba", 2),
     ]
+
+
+# -- hits and external tokens: every group's hits are taken before any group allocates -----
+
+
+def test_external_tokens_never_hand_one_groups_hit_to_another(registry):
+    """Full (block 4) + sliding window 4 (block 4), pool of 7 (ids 1-6), max_model_len 48.
+
+    P (12 tokens) is admitted and freed: full [1, 2, 3], SW [4, 5, 6]; the
+    queue is then 3, 2, 1, 6, 5, 4 (each group's blocks last first). P + four
+    5s hits 12 tokens: full [1, 2, 3], SW [null, null, 6]. Three new tokens
+    and one external: 16 slots, 13 computed. The reference adopts group by
+    group, so full attention's external block came off the queue head, which
+    was SW's hit block 6: ([1, 2, 3, 6], [0, 0, 6, 5]), one block in two
+    groups. kvcore touches every group's kept hits first (queue: 5, 4), then
+    allocates the external blocks: full takes 5, SW (13 computed: blocks 0-1
+    skipped) takes 4.
+    """
+    manager = kvcore.KVCacheManager(
+        kvcore.KVCacheConfig.from_specs(7, [full(4), sw(4, 4)]), 48, registry=registry
+    )
+    prompt = list(range(100, 112))
+    first = kvcore.Request("p", prompt)
+    admit(manager, first)
+    assert manager.get_block_ids("p") == ([1, 2, 3], [4, 5, 6])
+    manager.free(first)
+    assert manager.block_pool.free_block_ids() == [3, 2, 1, 6, 5, 4]
+    request = kvcore.Request("q", [*prompt, 5, 5, 5, 5])
+    hit, num_hit = manager.get_computed_blocks(request)
+    assert (hit.get_block_ids(), num_hit) == (([1, 2, 3], [NULL, NULL, 6]), 12)
+    assert manager.allocate_slots(request, 3, 12, hit, num_external_computed_tokens=1) is not None
+    assert manager.get_block_ids("q") == ([1, 2, 3, 5], [NULL, NULL, 6, 4])
+    check_manager_invariants(manager)
+
+
+# -- one EAGLE rule for one group and for several ----------------------------------------
+
+
+def test_eagle_hit_is_the_same_with_one_group_and_with_several(registry):
+    """A block-aligned 96-token prompt (6 blocks of 16) cached, then sent again (max 95).
+
+    The rule (both paths): with EAGLE the block after the hit must be cached
+    too, so a group looks one block past the limit (as far as the request's
+    full blocks go) and drops the last matched block. Full attention matches
+    6 blocks (96 tokens, the request's sixth block being cached) and drops
+    one: 80. The single-group path used to stop at 95 tokens (5 blocks) and
+    drop one more: 64; the hybrid path (full + a 32-token window) gave 80.
+    """
+    prompt = list(range(7000, 7096))
+    alone = make(registry, [full()], 20, use_eagle=True)
+    hybrid = make(registry, [full(), sw(32)], 40, use_eagle=True)
+    for manager in (alone, hybrid):
+        admit(manager, kvcore.Request("a", prompt))
+    assert lookup(alone, prompt) == (80, [[1, 2, 3, 4, 5]])
+    assert lookup(hybrid, prompt) == (80, [[1, 2, 3, 4, 5], [NULL, NULL, NULL, 10, 11]])
+    # The hit still leaves the last prompt token to compute: a 32-token
+    # prompt (2 blocks, max 31) hits one block, never two.
+    short = list(range(8000, 8032))
+    admit(alone, kvcore.Request("s", short))
+    assert lookup(alone, short)[0] == 16

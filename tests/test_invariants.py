@@ -57,3 +57,86 @@ def test_the_invariant_checker_catches_a_leak(registry):
     manager.block_pool.get_new_blocks(1)  # taken, but no table holds it
     with pytest.raises(AssertionError, match="ref count 1 but held by 0 tables"):
         check_manager_invariants(manager)
+
+
+# -- what the checker must catch (each corruption made by hand) ---------------------------
+
+
+def make_hybrid(registry_all, num_blocks=30):
+    from kvcore_plugins.sliding_window import SlidingWindowSpec
+
+    full = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=4, dtype="float16")
+    window = SlidingWindowSpec(
+        block_size=4, num_kv_heads=1, head_size=4, dtype="float16", sliding_window=8
+    )
+    config = kvcore.KVCacheConfig.from_specs(num_blocks, [full, window])
+    return kvcore.KVCacheManager(config, 512, registry=registry_all)
+
+
+@pytest.fixture(scope="module")
+def registry_all():
+    return kvcore.load_registry(only=["full_attention", "sliding_window"])
+
+
+def test_the_checker_catches_a_block_in_two_groups(registry_all):
+    """The shape of the shared-block defect: reference counts agree, the groups collide."""
+    manager = make_hybrid(registry_all)
+    admit(manager, kvcore.Request("r", list(range(10))))
+    full_table, window_table = (g.req_to_blocks["r"] for g in manager.coordinator.managers)
+    assert (full_table, window_table) == ([1, 2, 3], [4, 5, 6])
+    check_manager_invariants(manager)
+    stolen = full_table[0]
+    window_table.append(stolen)
+    manager.block_pool._ref[stolen] += 1  # counted: only the groups disagree
+    with pytest.raises(AssertionError, match=r"block 1 is in the tables of groups 0 and 1"):
+        check_manager_invariants(manager)
+
+
+def test_the_checker_catches_a_table_entry_its_reference_count_does_not_count(registry):
+    manager = make(registry, 20, 4)
+    admit(manager, kvcore.Request("a", list(range(12))))
+    admit(manager, kvcore.Request("b", list(range(100, 112))))
+    group = manager.coordinator.managers[0]
+    group.req_to_blocks["b"][0] = group.req_to_blocks["a"][0]  # a shared block counted once
+    manager.block_pool.free_blocks([4])  # b's old block goes back, as it would
+    with pytest.raises(AssertionError, match=r"block 1: ref count 1 but held by 2 tables"):
+        check_manager_invariants(manager)
+
+
+def test_the_checker_catches_a_block_cached_under_another_positions_hash(registry):
+    manager = make(registry, 20, 4)
+    admit(manager, kvcore.Request("a", list(range(12))))
+    pool = manager.block_pool
+    table = manager.coordinator.managers[0].req_to_blocks["a"]
+    first, second = table[0], table[1]
+    # Swap the two blocks' hashes everywhere: the pool alone stays consistent.
+    h1, h2 = pool._hash[first], pool._hash[second]
+    pool._hash[first], pool._hash[second] = h2, h1
+    pool._cached[0][h1], pool._cached[0][h2] = second, first
+    pool.check_invariants()
+    with pytest.raises(
+        AssertionError,
+        match=r"group 0: block 1 at position 0 of request 'a' is cached under the hash of "
+        r"another position",
+    ):
+        check_manager_invariants(manager)
+
+
+def test_the_checker_catches_a_free_count_out_of_step_with_the_queue(registry):
+    manager = make(registry, 20, 4)
+    admit(manager, kvcore.Request("a", list(range(12))))
+    manager.block_pool._free.num_free += 1
+    with pytest.raises(AssertionError, match=r"free count 17 but 16 blocks in the free queue"):
+        check_manager_invariants(manager)
+
+
+def test_the_checker_catches_a_cycle_in_the_free_queue(registry):
+    """A negative hit id used to close the queue on itself; the check then never ended."""
+    manager = make(registry, 8, 4)
+    request = kvcore.Request("a", list(range(28)))
+    admit(manager, request)
+    manager.free(request)  # the queue is now 7, 6, 5, 4, 3, 2, 1 (linked, not fresh)
+    queue = manager.block_pool._free
+    queue._next[2] = 5  # 7 6 5 4 3 2 -> 5 -> 4 ...
+    with pytest.raises(AssertionError, match=r"the free queue has a cycle \(block 5 comes twice\)"):
+        check_manager_invariants(manager)

@@ -196,9 +196,10 @@ def test_lookahead_slots(make_manager):
 def test_eagle_drops_the_last_hit_block(make_manager):
     manager = make_manager(num_blocks=11, use_eagle=True)
     admit(manager, Request("0", PREFIX))
-    # Max hit 47 tokens -> 2 blocks, EAGLE drops one -> 16 tokens.
+    # Max hit 47 tokens; EAGLE looks one block past (48: the request's 3 full
+    # blocks), all cached, and drops the last -> 2 blocks, 32 tokens.
     hit, num_hit = manager.get_computed_blocks(Request("1", PREFIX))
-    assert (hit.get_block_ids(), num_hit) == (([1],), 16)
+    assert (hit.get_block_ids(), num_hit) == (([1, 2],), 32)
     hit, num_hit = manager.get_computed_blocks(Request("2", PREFIX[:37]))
     assert (hit.get_block_ids(), num_hit) == (([1],), 16)
     assert manager.get_computed_blocks(Request("3", PREFIX[:20]))[1] == 0

@@ -346,13 +346,19 @@ def test_window_blocks_are_freed_as_a_request_decodes_and_still_hit():
 def test_eagle_needs_one_more_block_then_drops_it():
     """Block size 16, window 33 (2 blocks, 3 with EAGLE), unitary.
 
-    A 96-token prompt is cached (6 blocks). An identical request may hit at
-    most 95 tokens = 5 blocks; the run 2-4 has 3 cached blocks, the last is
-    dropped: 4 blocks = 64 tokens. Without EAGLE the run 3-4 suffices: 80.
+    A 96-token prompt is cached (6 blocks, ids 1-6). An identical request may
+    hit at most 95 tokens = 5 blocks. Without EAGLE the run 3-4 suffices: 80.
+    With EAGLE the group looks one block past (96 tokens: the request's six
+    full blocks), the run 3-5 has 3 cached blocks, the last is dropped: 80.
+    Once block 5 (id 6) is evicted, EAGLE's run must end at block 4: run
+    2-4, dropped to 4 blocks = 64; without EAGLE it is still 80.
     """
-    for use_eagle, expected in ((True, 64), (False, 80)):
+    for use_eagle, expected, after_eviction in ((True, 80, 64), (False, 80, 80)):
         manager = make_manager([sw(33)], 20, use_eagle=use_eagle)
         prompt = tokens((1, 40), (2, 56))
         admit(manager, kvcore.Request("a", prompt))
         _, num_hit = manager.get_computed_blocks(kvcore.Request("b", prompt))
         assert num_hit == expected
+        manager.evict_blocks([6])
+        _, num_hit = manager.get_computed_blocks(kvcore.Request("c", prompt))
+        assert num_hit == after_eviction
