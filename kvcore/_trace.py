@@ -30,7 +30,7 @@ from pathlib import Path
 
 import attrs
 
-from kvcore.errors import KVCoreError
+from kvcore.errors import TraceFormatError
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -46,10 +46,10 @@ __all__ = [
 
 #: Prompt tokens covered by one Mooncake hash id.
 MOONCAKE_BLOCK_TOKENS = 512
-
-
-class TraceFormatError(KVCoreError, ValueError):
-    """A trace line cannot be read; the message gives the file, line and reason."""
+#: Token ids are signed 64-bit integers (what the sha256 block hash packs).
+_MAX_TOKEN_ID = 2**63 - 1
+#: Hash ids whose synthesised token ids stay within that range.
+_MAX_HASH_ID = (_MAX_TOKEN_ID + 1) // MOONCAKE_BLOCK_TOKENS - 1
 
 
 @attrs.frozen(kw_only=True)
@@ -189,6 +189,13 @@ def _parse_record(record: object, line_no: int) -> TraceRequest:
         if not isinstance(hash_ids, list) or not all(_is_int(h) and h >= 0 for h in hash_ids):
             msg = "hash_ids must be a list of integers >= 0"
             raise _BadLineError(msg)
+        largest = max(hash_ids, default=0)
+        if largest > _MAX_HASH_ID:
+            msg = (
+                f"hash id {largest} is too large: its token ids pass 2**63 - 1; hash ids "
+                f"must be below {_MAX_HASH_ID + 1}"
+            )
+            raise _BadLineError(msg)
         covered = len(hash_ids) * MOONCAKE_BLOCK_TOKENS
         if covered < input_length:
             msg = (
@@ -208,9 +215,20 @@ def _parse_record(record: object, line_no: int) -> TraceRequest:
     if (
         not isinstance(token_ids, list)
         or not token_ids
-        or not all(_is_int(t) and t >= 0 for t in token_ids)
+        or not all(_is_int(t) and 0 <= t <= _MAX_TOKEN_ID for t in token_ids)
     ):
-        msg = "prompt_token_ids must be a non-empty list of integers >= 0"
+        msg = "prompt_token_ids must be a non-empty list of integers in 0..2**63 - 1"
+        if isinstance(token_ids, list):
+            bad = next(
+                (
+                    i
+                    for i, t in enumerate(token_ids)
+                    if not (_is_int(t) and 0 <= t <= _MAX_TOKEN_ID)
+                ),
+                None,
+            )
+            if bad is not None:
+                msg += f" (position {bad} is {token_ids[bad]!r})"
         raise _BadLineError(msg)
     input_length = record.get("input_length", len(token_ids))
     if input_length != len(token_ids):
@@ -258,6 +276,9 @@ def _iter_lines(
                     record = json.loads(text)
                 except json.JSONDecodeError as exc:
                     msg = f"not valid JSON ({exc.msg} at column {exc.colno})"
+                    raise _BadLineError(msg) from None
+                except RecursionError:
+                    msg = "JSON nested too deeply (a request is one flat object)"
                     raise _BadLineError(msg) from None
                 request = _parse_record(record, line_no)
                 if request.request_id in seen_ids:

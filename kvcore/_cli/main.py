@@ -33,11 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(message: str) -> str:
+    """``message`` on one line: its lines joined with ``"; "`` (blank ones dropped)."""
+    return "; ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``kvcore`` command; returns the exit status.
 
-    kvcore errors are printed as one line (``kvcore: error: ...``) with exit
-    status 2, without a traceback: they describe bad input, not bugs.
+    Bad input is printed as one line (``kvcore: error: ...``) with exit
+    status 2, without a traceback: every kvcore error (the message names the
+    file, line, field or option and the fix), and a file the system refuses
+    to open. Anything else is a bug and keeps its traceback. Ctrl-C exits
+    with status 130.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -47,7 +55,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except KVCoreError as exc:
-        print(f"kvcore: error: {exc}", file=sys.stderr)
+        print(f"kvcore: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like
         return 0
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"kvcore: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvcore: interrupted", file=sys.stderr)
+        return 130

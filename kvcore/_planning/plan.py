@@ -32,6 +32,7 @@ from kvcore.specs import KVCacheSpec, TokenLimits, dtype_name
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "FIT_MAX_MODEL_LEN",
     "KVCachePlan",
     "plan",
     "print_plan",
@@ -42,6 +43,9 @@ DEFAULT_BLOCK_SIZE: Final = 16
 #: Chunked-prefill budget per step when none is given (the reference server's
 #: default); windowed types keep the window plus one step of tokens.
 DEFAULT_MAX_NUM_BATCHED_TOKENS: Final = 8192
+#: ``max_model_len`` asking for the longest length that fits (as the reference
+#: engine's ``--max-model-len -1``).
+FIT_MAX_MODEL_LEN: Final = -1
 
 
 @attrs.frozen(kw_only=True)
@@ -347,9 +351,9 @@ def plan(
             :class:`~kvcore.ModelConfig`.
         memory: Bytes for the KV cache: an ``int`` or a string such as
             ``"80GiB"`` or ``"24GB"``.
-        max_model_len: Longest request, in tokens. ``None``: the model's
-            context length, lowered to the longest that fits the memory.
-            Given explicitly, it must fit.
+        max_model_len: Longest request, in tokens. ``None`` or ``-1`` (the
+            reference engine's spelling): the model's context length, lowered
+            to the longest that fits the memory. Given explicitly, it must fit.
         block_size: Tokens per attention block (default 16); raised for
             models with state layers until an attention page holds a state.
         dtype: KV cache dtype (``"bfloat16"``, ``"fp8"``, ...); default the
@@ -393,6 +397,14 @@ def plan(
     registry.plan_option_values(options)  # an unknown option fails before anything is built
     memory_bytes = parse_memory(memory)
     block = _positive("block_size", DEFAULT_BLOCK_SIZE if block_size is None else block_size)
+    if max_model_len == FIT_MAX_MODEL_LEN and type(max_model_len) is int:
+        max_model_len = None
+    if max_model_len is not None and (type(max_model_len) is not int or max_model_len <= 0):
+        msg = (
+            "max_model_len must be a positive integer, or -1 to fit the longest that fits, "
+            f"got {max_model_len!r}"
+        )
+        raise InvalidConfigError(msg)
     length = _positive(
         "max_model_len", cfg.max_model_len if max_model_len is None else max_model_len
     )

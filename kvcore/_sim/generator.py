@@ -50,6 +50,13 @@ def _positive(instance: object, attribute: attrs.Attribute[object], value: objec
         raise InvalidConfigError(msg)
 
 
+def _positive_finite(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+    _positive(instance, attribute, value)
+    if not math.isfinite(value):  # type: ignore[arg-type]
+        msg = f"GeneratorConfig.{attribute.name} must be a finite number > 0, got {value!r}"
+        raise InvalidConfigError(msg)
+
+
 @attrs.frozen(kw_only=True)
 class GeneratorConfig:
     """Parameters of the generated workload (defaults: chat traffic with long documents).
@@ -64,7 +71,7 @@ class GeneratorConfig:
 
     num_requests: int = attrs.field(default=2000, validator=_positive)
     seed: int = 0
-    conversations_per_s: float = attrs.field(default=3.0, validator=_positive)
+    conversations_per_s: float = attrs.field(default=3.0, validator=_positive_finite)
     num_system_prompts: int = attrs.field(default=8, validator=_positive)
     max_context: int = attrs.field(default=32_768, validator=_positive)
 

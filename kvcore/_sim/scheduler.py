@@ -63,8 +63,12 @@ def _positive_int(instance: object, attribute: attrs.Attribute[object], value: o
 
 
 def _non_negative(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
-        msg = f"{attribute.name} must be a number >= 0, got {value!r}"
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not 0 <= value < float("inf")
+    ):
+        msg = f"{attribute.name} must be a finite number >= 0, got {value!r}"
         raise InvalidConfigError(msg)
 
 

@@ -10,7 +10,7 @@ import attrs
 
 from kvcore._sim.generator import GeneratorConfig, generate_workload
 from kvcore._trace import BadLine, TraceRequest, read_trace, trace_request_to_json
-from kvcore.errors import InvalidConfigError
+from kvcore.errors import InvalidConfigError, TraceFormatError
 
 __all__ = ["DEFAULT_NUM_REQUESTS", "Workload", "load_workload", "write_workload"]
 
@@ -56,7 +56,8 @@ def load_workload(
 
     Raises:
         InvalidConfigError: options that do not go together, or a bad limit.
-        TraceFormatError: a malformed trace line (file, line number, reason).
+        TraceFormatError: a malformed trace line (file, line number, reason),
+            a trace without requests, or one whose every line was skipped.
     """
     if limit is not None and (type(limit) is not int or limit < 1):
         msg = f"--limit must be a positive integer, got {limit!r}"
@@ -80,6 +81,19 @@ def load_workload(
         )
         raise InvalidConfigError(msg)
     read = read_trace(trace, limit=limit, skip_bad_lines=skip_bad_lines)
+    if not read.requests:
+        if read.bad_lines:
+            first = read.bad_lines[0]
+            msg = (
+                f"every line of {trace} is malformed ({len(read.bad_lines)} skipped); the "
+                f"first, line {first.line_no}: {first.reason}"
+            )
+        else:
+            msg = (
+                f"{trace} holds no requests; give a JSONL trace with one request per line "
+                "(see 'kvcore workload' for the format)"
+            )
+        raise TraceFormatError(msg)
     requests = sorted(read.requests, key=lambda r: r.arrival_ms)
     return Workload(name=str(trace), requests=tuple(requests), bad_lines=tuple(read.bad_lines))
 

@@ -189,7 +189,7 @@ def test_a_request_larger_than_the_pool_is_an_error():
         ("max_num_batched_tokens", 0, "max_num_batched_tokens must be a positive integer"),
         ("max_num_seqs", -1, "max_num_seqs must be a positive integer"),
         ("arrival", "soon", "arrival must be one of timestamp, asap"),
-        ("step_ms", -1.0, "step_ms must be a number >= 0"),
+        ("step_ms", -1.0, "step_ms must be a finite number >= 0"),
     ],
 )
 def test_scheduler_config_is_validated(field, value, message):
