@@ -541,13 +541,11 @@ class BlockPool:
 
         Blocks are queued in the given order, so pass the block to evict first
         first (managers pass a request's blocks last to first). Null blocks are
-        ignored.
+        ignored. On an error no reference count or queue position changes.
 
         Raises:
             InvalidBlockError: an entry is not a block id of this pool.
             DoubleFreeError: a block had no reference left.
-
-            Either way no reference count or queue position has changed.
         """
         self._check_blocks(ordered_blocks)
         ref = self._ref

@@ -33,3 +33,24 @@ def test_plugin_page_shows_the_example_plugin_files():
     page = (DOCS / "how-to" / "write-a-plugin.rst").read_text()
     for included in re.findall(r"literalinclude:: (\S+)", page):
         assert (DOCS / "how-to" / included).resolve().is_file(), included
+
+
+def test_every_error_class_is_on_the_errors_page():
+    import importlib
+    import pkgutil
+
+    import kvcore
+    from kvcore.errors import KVCoreError
+
+    for module in pkgutil.walk_packages(kvcore.__path__, "kvcore."):
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
+    classes, stack = set(), [KVCoreError]
+    while stack:
+        cls = stack.pop()
+        if cls.__module__.startswith("kvcore"):
+            classes.add(cls.__name__)
+        stack.extend(cls.__subclasses__())
+    page = (DOCS / "reference" / "errors.rst").read_text()
+    rows = set(re.findall(r"\* - (?::class:`~kvcore\.errors\.|``)(\w+)", page))
+    assert classes <= rows, classes - rows

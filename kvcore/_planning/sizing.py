@@ -71,7 +71,18 @@ def fit_max_model_len(
 ) -> int:
     """The longest ``max_model_len`` in ``[1, limits.max_model_len]`` whose request fits.
 
-    Binary search on :func:`memory_needed`; 0 if not even one token fits.
+    What ``max_model_len=-1`` asks :func:`kvcore.plan` for (the reference
+    engine's auto-fit). A binary search on the bytes one longest request
+    needs: its blocks in every group, the blocks reserved once per pool and
+    the null block, each block costing the widest group's bytes.
+
+    Args:
+        groups: The KV cache groups.
+        available_memory: Bytes for the KV cache.
+        limits: Token limits; ``limits.max_model_len`` is the upper bound.
+
+    Returns:
+        The length in tokens; 0 if not even one token fits.
     """
     if not groups:
         return limits.max_model_len
