@@ -41,6 +41,8 @@ __all__ = ["MAX_NUM_BLOCKS", "NULL_BLOCK", "BlockPool", "available_host_memory"]
 #: Id of the null block.
 NULL_BLOCK: Final = 0
 
+_INT: Final = {int}
+
 #: Most blocks a pool may have: block tables hold int32 block ids.
 MAX_NUM_BLOCKS: Final = 2**31 - 1
 
@@ -180,6 +182,11 @@ class BlockPool:
     def begin(self) -> bool:
         """Start recording how to undo every change (for :meth:`rollback`).
 
+        The pool of a :class:`~kvcore.KVCacheManager` records all the time:
+        the manager forgets the records at the start of each of its
+        operations and rolls back the operation that raised. Leave its
+        transactions to it.
+
         Returns:
             ``True`` for the caller that started the transaction, which must
             end it with :meth:`commit` or :meth:`rollback`; ``False`` if one
@@ -231,11 +238,24 @@ class BlockPool:
         return InvalidBlockError(msg)
 
     def _check_blocks(self, blocks: Sequence[int]) -> None:
-        """Every entry is a block id of this pool (the null block included); O(len)."""
-        num_blocks = self.num_blocks
-        for block in blocks:
-            if block.__class__ is not int or not 0 <= block < num_blocks:
-                raise self._refuse_block(block)
+        """Every entry is a block id of this pool (the null block included); O(len).
+
+        Three C-level passes for the common case; a Python walk only to name
+        the culprit.
+        """
+        if not blocks:
+            return
+        try:
+            valid = (
+                min(blocks) >= 0 and max(blocks) < self.num_blocks and {*map(type, blocks)} == _INT
+            )
+        except TypeError:
+            valid = False
+        if not valid:
+            num_blocks = self.num_blocks
+            for block in blocks:
+                if block.__class__ is not int or not 0 <= block < num_blocks:
+                    raise self._refuse_block(block)
 
     @staticmethod
     def _check_count(num_blocks: object) -> None:
@@ -477,26 +497,34 @@ class BlockPool:
         blocks = self._free.pop_n(num_blocks)
         ref = self._ref
         log = self._log
+        # (block, hash) of the blocks evicted inline since the last _uncache,
+        # flattened, for the undo (which must replay in reverse order).
+        evicted: list[Any] = []
         if log is not None:
             log.append((self._undo_new, (blocks,)))
+            log.append((self._undo_evictions, (evicted,)))
         if self.enable_caching:
             block_hash_of = self._hash
             group_of = self._group
             cached = self._cached
             dups = self._dups
-            slow = self.enable_kv_cache_events or log is not None
+            events = self.enable_kv_cache_events
             for block in blocks:
                 block_hash = block_hash_of[block]
                 if block_hash is not None:
                     group = group_of[block]
-                    if slow or dups[group]:
+                    if events or dups[group]:
                         self._uncache(block)
+                        if log is not None:
+                            evicted = []
+                            log.append((self._undo_evictions, (evicted,)))
                     else:
                         # The common case inline: the block is the only one
-                        # cached under its hash, nobody wants an event, and
-                        # no transaction records.
+                        # cached under its hash, and nobody wants an event.
                         del cached[group][block_hash]
                         block_hash_of[block] = None
+                        if log is not None:
+                            evicted += (block, block_hash)
                 ref[block] = 1
         else:
             for block in blocks:
@@ -507,6 +535,15 @@ class BlockPool:
         ref = self._ref
         for block in blocks:
             ref[block] = 0
+
+    def _undo_evictions(self, evicted: list[Any]) -> None:
+        block_hash_of = self._hash
+        group_of = self._group
+        cached = self._cached
+        for index in range(len(evicted) - 2, -1, -2):
+            block, block_hash = evicted[index], evicted[index + 1]
+            block_hash_of[block] = block_hash
+            cached[group_of[block]][block_hash] = block
 
     def touch(self, blocks: Sequence[int]) -> None:
         """Take a reference on cache-hit blocks, reviving free ones from the queue.
@@ -520,15 +557,17 @@ class BlockPool:
         """
         self._check_blocks(blocks)
         ref = self._ref
-        remove = self._free.remove
         if self._log is not None:
             self._log.append((self._undo_touch, (list(blocks),)))
+        revived = []
         for block in blocks:
             if block:
                 count = ref[block]
                 if count == 0:
-                    remove(block)
+                    revived.append(block)
                 ref[block] = count + 1
+        if revived:
+            self._free.remove_blocks(revived)
 
     def _undo_touch(self, blocks: list[int]) -> None:
         ref = self._ref

@@ -153,20 +153,40 @@ class LRUFreeQueue:
         The caller guarantees ``block`` is in the queue (its reference count
         is 0). A block never allocated is taken out of the fresh run.
         """
-        if block >= self._fresh_start:
-            self._remove_fresh(block)
-            return
+        self.remove_blocks((block,))
+
+    def remove_blocks(self, blocks: Sequence[int]) -> None:
+        """Take each of ``blocks`` out of the queue, in order (see :meth:`remove`)."""
         nxt = self._next
         prv = self._prev
-        before = prv[block]
-        after = nxt[block]
-        nxt[before] = after
-        prv[after] = before
-        self.num_free -= 1
-        if self._log is not None:
-            self._log.append((self._undo_remove, (block, before, after)))
+        log = self._log
+        # (block, before, after) of each unlinked block, flattened, for the undo.
+        unlinked: list[int] | None = [] if log is not None else None
+        if unlinked is not None:
+            log.append((self._undo_remove_blocks, (unlinked,)))  # type: ignore[union-attr]
+        fresh_start = self._fresh_start
+        holes = self._holes
+        for block in blocks:
+            # A hole is a block taken out of the fresh run: if it is free
+            # again, it is linked like any freed block.
+            if block >= fresh_start and block not in holes:
+                self._remove_fresh(block)
+                fresh_start = self._fresh_start
+                if unlinked is not None:
+                    # Later unlinks must be undone before this one.
+                    unlinked = []
+                    log.append((self._undo_remove_blocks, (unlinked,)))  # type: ignore[union-attr]
+                continue
+            before = prv[block]
+            after = nxt[block]
+            nxt[before] = after
+            prv[after] = before
+            if unlinked is not None:
+                unlinked += (block, before, after)
+        self.num_free -= len(blocks)
 
     def _remove_fresh(self, block: int) -> None:
+        """Take a never-allocated block out of the fresh run (``num_free`` is the caller's)."""
         start = self._fresh_start
         consumed: list[int] = []
         if block == start:
@@ -179,7 +199,6 @@ class LRUFreeQueue:
             self._fresh_start = start
         else:
             self._holes.add(block)
-        self.num_free -= 1
         if self._log is not None:
             self._log.append((self._undo_remove_fresh, (block, consumed)))
 
@@ -231,12 +250,16 @@ class LRUFreeQueue:
         self._prev[sentinel] = old_tail
         self.num_free -= count
 
-    def _undo_remove(self, block: int, before: int, after: int) -> None:
-        self._next[before] = block
-        self._prev[block] = before
-        self._next[block] = after
-        self._prev[after] = block
-        self.num_free += 1
+    def _undo_remove_blocks(self, unlinked: list[int]) -> None:
+        nxt = self._next
+        prv = self._prev
+        for index in range(len(unlinked) - 3, -1, -3):
+            block, before, after = unlinked[index : index + 3]
+            nxt[before] = block
+            prv[block] = before
+            nxt[block] = after
+            prv[after] = block
+        self.num_free += len(unlinked) // 3
 
     def _undo_remove_fresh(self, block: int, consumed: list[int]) -> None:
         if block == self._fresh_start - 1 - len(consumed):

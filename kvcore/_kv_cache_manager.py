@@ -17,7 +17,7 @@ raises half-way, the pool and every block table are restored exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 import attrs
 
@@ -37,10 +37,6 @@ from kvcore.errors import (
 )
 
 __all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
-
-# The int 0 (one object in CPython): the default counts compare by identity on
-# the hot path, and anything else goes through the full check.
-_ZERO: Final = 0
 
 
 class KVCacheBlocks:
@@ -180,15 +176,16 @@ class KVCacheManager:
         self.log_stats = log_stats
         #: Lookup statistics since the last :meth:`make_prefix_cache_stats`
         #: (``None`` with ``log_stats=False``).
-        self.prefix_cache_stats: PrefixCacheStats | None = (
-            PrefixCacheStats() if log_stats else None
-        )
+        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         # Requests holding blocks, by id: a second Request object with a live
         # id is refused (it would share the first one's block tables).
         self._requests: dict[str, Request] = {}
         self._decoder_groups = tuple(
             m for m in self.coordinator.managers if not m.allocates_for_encoder
         )
+        self._free_queue = self.block_pool._free
+        self._undo = self.block_pool._undo
+        self._no_hits = self.empty_kv_cache_blocks.blocks
 
     # -- queries ----------------------------------------------------------------------
 
@@ -317,37 +314,35 @@ class KVCacheManager:
                 request holds blocks of another manager, or a running request
                 is given a hit or external tokens.
         """
-        if (
-            num_new_computed_tokens is not _ZERO
-            or num_lookahead_tokens is not _ZERO
-            or num_external_computed_tokens is not _ZERO
-            or num_encoder_tokens is not _ZERO
-            or num_new_tokens.__class__ is not int
-            or num_new_tokens < 0
-        ):
-            num_new_tokens = checked_count("num_new_tokens", num_new_tokens)
-            num_new_computed_tokens = checked_count(
-                "num_new_computed_tokens", num_new_computed_tokens
-            )
-            num_lookahead_tokens = checked_count("num_lookahead_tokens", num_lookahead_tokens)
-            num_external_computed_tokens = checked_count(
-                "num_external_computed_tokens", num_external_computed_tokens
-            )
-            num_encoder_tokens = checked_count("num_encoder_tokens", num_encoder_tokens)
-        request_id = request.request_id
         running = request._kv_owner is self
-        if not running:
-            self._check_new_request(request)
-        elif num_new_computed_tokens or num_external_computed_tokens or (
-            new_computed_blocks is not None and any(new_computed_blocks.blocks)
+        # The decode step (a running request, plain-int counts, nothing to
+        # adopt) passes one test; anything else gets the full check.
+        if not (
+            running
+            and new_computed_blocks is None
+            and num_new_tokens.__class__ is int
+            and num_lookahead_tokens.__class__ is int
+            and num_new_tokens > 0
+            and num_lookahead_tokens >= 0
+            and not (num_new_computed_tokens or num_external_computed_tokens or num_encoder_tokens)
         ):
-            raise _adopted_once(request, num_new_computed_tokens, new_computed_blocks)
-        if num_new_tokens == 0 and num_external_computed_tokens == 0:
-            msg = (
-                f"request {request_id!r}: num_new_tokens must be > 0 when there "
-                "are no external computed tokens"
+            (
+                num_new_tokens,
+                num_new_computed_tokens,
+                num_lookahead_tokens,
+                num_external_computed_tokens,
+                num_encoder_tokens,
+            ) = self._check_allocation(
+                request,
+                running,
+                num_new_tokens,
+                num_new_computed_tokens,
+                new_computed_blocks,
+                num_lookahead_tokens,
+                num_external_computed_tokens,
+                num_encoder_tokens,
             )
-            raise InvalidRequestError(msg)
+        request_id = request.request_id
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         num_computed = num_local_computed + num_external_computed_tokens
         num_tokens = len(request._all_token_ids)
@@ -366,37 +361,35 @@ class KVCacheManager:
         if enable_caching:
             # Hashing checks the token ids, before anything changes.
             self._hasher.update(request)
-        if new_computed_blocks is not None:
-            hits = new_computed_blocks.blocks
-            has_hits = any(hits)
-            if not running and (has_hits or num_new_computed_tokens or len(hits) != len(
-                self.empty_kv_cache_blocks.blocks
-            )):
-                check_cache_hit(
-                    self.coordinator, request, hits, num_new_computed_tokens, num_computed
-                )
-        else:
-            hits = self.empty_kv_cache_blocks.blocks
+        if new_computed_blocks is None:
+            hits = self._no_hits
             has_hits = False
             if num_new_computed_tokens:
                 check_cache_hit(self.coordinator, request, hits, num_new_computed_tokens, 0)
+        else:
+            hits = new_computed_blocks.blocks
+            has_hits = any(hits)
+            if not running and (
+                has_hits or num_new_computed_tokens or len(hits) != len(self._no_hits)
+            ):
+                check_cache_hit(
+                    self.coordinator, request, hits, num_new_computed_tokens, num_computed
+                )
         # Lookahead slots past the end of the model are never used.
         num_need_slot = num_computed + num_new_tokens + num_lookahead_tokens
         if num_need_slot > max_model_len:
             num_need_slot = max_model_len
         coordinator = self.coordinator
         pool = self.block_pool
-        started = pool.begin()
+        self._checkpoint()
         try:
             if self._has_windowed_groups:
                 coordinator.remove_skipped_blocks(request_id, num_computed)
             num_blocks = coordinator.get_num_blocks_to_allocate(
                 request_id, num_need_slot, hits, num_encoder_tokens, num_computed
             )
-            if num_blocks > pool._free.num_free:
-                if started:
-                    pool.commit()  # keep the blocks freed above: nobody needs them
-                return None
+            if num_blocks > self._free_queue.num_free:
+                return None  # the blocks freed above stay free: nobody needs them
             if has_hits or num_external_computed_tokens > 0:
                 coordinator.allocate_new_computed_blocks(
                     request_id, hits, num_local_computed, num_external_computed_tokens
@@ -411,11 +404,8 @@ class KVCacheManager:
                     request, num_to_cache if num_to_cache < num_tokens else num_tokens
                 )
         except BaseException:
-            if started:
-                pool.rollback()
+            pool.rollback()
             raise
-        if started:
-            pool.commit()
         if not running:
             request._kv_owner = self
             self._requests[request_id] = request
@@ -423,18 +413,57 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks
         return KVCacheBlocks(new_blocks)
 
-    def _check_new_request(self, request: Request) -> None:
-        """A request that holds no blocks here: it may not hold blocks elsewhere either."""
-        if request._kv_owner is not None:
-            raise _foreign(request)
-        live = self._requests.get(request.request_id)
-        if live is not None:
+    def _check_allocation(
+        self,
+        request: Request,
+        running: bool,
+        num_new_tokens: Any,
+        num_new_computed_tokens: Any,
+        new_computed_blocks: KVCacheBlocks | None,
+        num_lookahead_tokens: Any,
+        num_external_computed_tokens: Any,
+        num_encoder_tokens: Any,
+    ) -> tuple[int, int, int, int, int]:
+        """The checks of ``allocate_slots`` past the decode step's: counts and request state.
+
+        Returns the counts as plain ints (numpy integers are converted).
+        """
+        num_new_tokens = checked_count("num_new_tokens", num_new_tokens)
+        num_new_computed_tokens = checked_count("num_new_computed_tokens", num_new_computed_tokens)
+        num_lookahead_tokens = checked_count("num_lookahead_tokens", num_lookahead_tokens)
+        num_external_computed_tokens = checked_count(
+            "num_external_computed_tokens", num_external_computed_tokens
+        )
+        num_encoder_tokens = checked_count("num_encoder_tokens", num_encoder_tokens)
+        if not running:
+            if request._kv_owner is not None:
+                raise _foreign(request)
+            if request.request_id in self._requests:
+                msg = (
+                    f"request {request.request_id!r}: another Request object with id "
+                    f"{request.request_id!r} holds blocks of this manager; request ids must "
+                    "be unique among live requests (free the other one first)"
+                )
+                raise RequestStateError(msg)
+        elif (
+            num_new_computed_tokens
+            or num_external_computed_tokens
+            or (new_computed_blocks is not None and any(new_computed_blocks.blocks))
+        ):
+            raise _adopted_once(request, num_new_computed_tokens, new_computed_blocks)
+        if not num_new_tokens and not num_external_computed_tokens:
             msg = (
-                f"request {request.request_id!r}: another Request object with id "
-                f"{request.request_id!r} holds blocks of this manager; request ids must be "
-                "unique among live requests (free the other one first)"
+                f"request {request.request_id!r}: num_new_tokens must be > 0 when there "
+                "are no external computed tokens"
             )
-            raise RequestStateError(msg)
+            raise InvalidRequestError(msg)
+        return (
+            num_new_tokens,
+            num_new_computed_tokens,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            num_encoder_tokens,
+        )
 
     @staticmethod
     def _refuse_computed(request: Request, num_hit: int, num_external: int) -> None:
@@ -454,18 +483,28 @@ class KVCacheManager:
         )
         raise InvalidRequestError(msg)
 
+    def _checkpoint(self) -> None:
+        """Start recording this operation's changes (forget the previous one's).
+
+        The pool records every change while this manager lives: an operation
+        only drops what the previous one recorded (cheaper than starting and
+        ending a transaction around every decode step). After a rollback,
+        recording is started again.
+        """
+        undo = self._undo
+        if self.block_pool._log is not undo:
+            self.block_pool.begin()
+        elif undo:
+            undo.clear()
+
     def _run(self, operation: Any, *arguments: Any) -> None:
         """Run ``operation(*arguments)`` so that it completes or changes nothing."""
-        pool = self.block_pool
-        started = pool.begin()
+        self._checkpoint()
         try:
             operation(*arguments)
         except BaseException:
-            if started:
-                pool.rollback()
+            self.block_pool.rollback()
             raise
-        if started:
-            pool.commit()
 
     def free(self, request: Request) -> None:
         """Release every block of a finished or preempted request.
@@ -640,9 +679,7 @@ def _foreign(request: Request) -> RequestStateError:
     return RequestStateError(msg)
 
 
-def _adopted_once(
-    request: Request, num_hit: int, hit: KVCacheBlocks | None
-) -> RequestStateError:
+def _adopted_once(request: Request, num_hit: int, hit: KVCacheBlocks | None) -> RequestStateError:
     if num_hit or (hit is not None and any(hit.blocks)):
         what = "cache hits (num_new_computed_tokens, new_computed_blocks)"
     else:

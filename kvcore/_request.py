@@ -160,10 +160,7 @@ class Request:
     def needs_extra_hash_keys(self) -> bool:
         """Whether block hashes carry more than the token ids (LoRA, salt, media)."""
         return bool(
-            self.lora_name
-            or self.cache_salt
-            or self.mm_features
-            or self.prompt_embeds is not None
+            self.lora_name or self.cache_salt or self.mm_features or self.prompt_embeds is not None
         )
 
     def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:

@@ -56,8 +56,7 @@ def require_shared_data(path: Path) -> Path:
     if path.is_file():
         return path
     reason = (
-        f"shared data missing: {path} is not there; set KVCORE_DATA to the folder holding "
-        "mooncake/"
+        f"shared data missing: {path} is not there; set KVCORE_DATA to the folder holding mooncake/"
     )
     if os.environ.get("KVCORE_REQUIRE_DATA") == "1":
         pytest.fail(f"{reason} (KVCORE_REQUIRE_DATA=1: the shared data must be present)")

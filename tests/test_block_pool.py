@@ -281,3 +281,86 @@ def test_a_pool_whose_bookkeeping_exceeds_host_memory_is_refused(monkeypatch):
     ):
         BlockPool(100_000_000)
     assert BlockPool(1000).get_num_free_blocks() == 999
+
+
+# -- transactions: rollback restores everything, free-queue order included -------------
+
+
+def full_state(pool: BlockPool) -> tuple[object, ...]:
+    return (
+        tuple(pool._ref),
+        tuple(pool.free_block_ids()),
+        tuple(pool._hash),
+        tuple(pool._group),
+        tuple(
+            (dict(cached), {h: tuple(b) for h, b in dups.items()})
+            for cached, dups in zip(pool._cached, pool._dups, strict=True)
+        ),
+        tuple(pool._reserved),
+        pool.peek_events(),
+        pool.get_num_free_blocks(),
+    )
+
+
+def random_operation(pool: BlockPool, rng, held: list[int], request: Request) -> None:
+    """One public pool operation with valid arguments (held: blocks this test holds)."""
+    roll = rng.random()
+    free = pool.free_block_ids()
+    if roll < 0.3 and free:
+        held += pool.get_new_blocks(rng.randint(0, min(len(free), 4)))
+    elif roll < 0.45 and free:
+        # A free block anywhere in the queue, never-allocated ones included.
+        block = rng.choice(free)
+        pool.touch([block, 0, block])
+        held += [block, block]
+    elif roll < 0.65 and held:
+        rng.shuffle(held)
+        count = rng.randint(1, len(held))
+        pool.free_blocks(held[:count])
+        del held[:count]
+    elif roll < 0.8 and held:
+        uncached = [b for b in dict.fromkeys(held) if pool.block_hash(b) is None]
+        if uncached:
+            table = uncached[: len(request.block_hashes)]
+            pool.cache_full_blocks(request, table, 0, len(table), 4, rng.randrange(2))
+    elif roll < 0.9:
+        pool.evict_blocks(rng.sample(range(pool.num_blocks), 3))
+    elif free:
+        held += [b for b in pool.reserve_blocks(1)]
+        held.pop()  # reserved for good: never freed
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_rollback_restores_the_pool_exactly(seed):
+    import random
+
+    rng = random.Random(seed)
+    pool = BlockPool(16, num_groups=2, enable_kv_cache_events=seed % 2 == 0)
+    held: list[int] = []
+    request = cached_request(list(range(40)), 4)
+    for _ in range(rng.randint(0, 30)):  # some history: freed, cached, evicted blocks
+        random_operation(pool, rng, held, request)
+    before = full_state(pool)
+    saved = list(held)
+    assert pool.begin()
+    assert not pool.begin()  # already recording: the changes join the running transaction
+    for _ in range(rng.randint(1, 12)):
+        random_operation(pool, rng, held, request)
+    pool.rollback()
+    assert full_state(pool) == before
+    pool.check_invariants()
+    # The pool goes on as if the transaction never ran.
+    held[:] = saved
+    for _ in range(20):
+        random_operation(pool, rng, held, request)
+    pool.check_invariants()
+
+
+def test_commit_keeps_the_changes_and_stops_recording():
+    pool = BlockPool(8)
+    assert pool.begin()
+    blocks = pool.get_new_blocks(2)
+    pool.commit()
+    pool.rollback()  # nothing recorded: nothing undone
+    assert [pool.ref_count(b) for b in blocks] == [1, 1]
+    assert pool.get_num_free_blocks() == 5
