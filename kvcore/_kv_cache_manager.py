@@ -571,10 +571,12 @@ class KVCacheManager:
         """
         if total_computed_tokens.__class__ is not int or total_computed_tokens < 0:
             total_computed_tokens = checked_count("total_computed_tokens", total_computed_tokens)
-        if not self._has_windowed_groups or request_id not in self._requests:
+        if request_id not in self._requests:
             return
-        self._check_slots(request_id, total_computed_tokens, "total_computed_tokens")
-        self._run(self.coordinator.remove_skipped_blocks, request_id, total_computed_tokens)
+        if self._decoder_groups:
+            self._check_slots(request_id, total_computed_tokens, "total_computed_tokens")
+        if self._has_windowed_groups:
+            self._run(self.coordinator.remove_skipped_blocks, request_id, total_computed_tokens)
 
     def _check_slots(self, request_id: str, num_tokens: int, name: str) -> None:
         slots = max(

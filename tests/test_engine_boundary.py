@@ -496,3 +496,16 @@ def test_a_request_hashed_by_another_manager_is_a_request_error(builtin_registry
     small.get_computed_blocks(request)
     with pytest.raises(RequestStateError, match="a Request belongs to one KVCacheManager"):
         large.get_computed_blocks(request)
+
+
+def test_an_absurd_skip_count_is_refused_without_windowed_groups_too(manager):
+    """Found by the million-step state machine: full attention alone skipped the check."""
+    request = Request("a", list(range(12)))
+    admit(manager, request)
+    refused(
+        manager,
+        InvalidRequestError,
+        r"total_computed_tokens=13 is more than the 12 tokens request 'a' has slots for",
+        lambda: manager.remove_skipped_blocks("a", 13),
+    )
+    manager.remove_skipped_blocks("a", 12)  # nothing to free, and nothing wrong
