@@ -95,11 +95,11 @@ class InsufficientMemoryError(InvalidConfigError):
 
 
 class PoolTooLargeError(InvalidConfigError):
-    """A block pool larger than block ids can address, or than the host can track.
+    """A plan or pool larger than block ids can address, or than the host can track.
 
     Block tables hold ``int32`` ids, and the pool keeps a few machine words
-    per block in host memory: a pool of billions of blocks is refused before
-    any of that memory is taken.
+    per block in host memory: a pool of billions of blocks is refused (by
+    planning, or when the pool is built) before any of that memory is taken.
     """
 
 

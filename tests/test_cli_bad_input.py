@@ -132,9 +132,16 @@ def test_a_workload_rate_must_be_finite(capsys):
 def test_memory_a_pool_cannot_address(capsys):
     """1000 TiB built per-block lists of billions of entries and took the machine down."""
     line = run(capsys, "simulate", "gpt-oss-20b", "--memory", "1000TiB", "--limit", "5")
-    assert "num_blocks=2796202666 is more than a pool can address" in line
+    assert "num_blocks=2796202666 (1000.00 TiB in blocks of 393216 bytes)" in line
+    assert "is more than a pool can address" in line
     assert "block tables hold int32 ids (at most 2147483647 blocks)" in line
     assert "plan with less memory or fewer blocks" in line
+
+
+def test_a_plan_for_memory_a_pool_cannot_address(capsys):
+    line = run(capsys, "plan", "gpt-oss-20b", "--memory", "1000TiB")
+    assert "num_blocks=2796202666" in line
+    assert "block tables hold int32 ids" in line
 
 
 def test_memory_whose_pool_bookkeeping_the_host_cannot_hold(capsys, monkeypatch):

@@ -20,7 +20,8 @@ from kvcore._planning.grouping import get_kv_cache_groups
 from kvcore._planning.layout import bytes_per_block, check_layout, layout_tensors
 from kvcore._planning.memory import format_bytes
 from kvcore._utils import cdiv
-from kvcore.errors import InsufficientMemoryError, InvalidConfigError
+from kvcore._block_pool import MAX_NUM_BLOCKS
+from kvcore.errors import InsufficientMemoryError, InvalidConfigError, PoolTooLargeError
 from kvcore.specs import KVCacheSpec, TokenLimits
 
 __all__ = [
@@ -152,6 +153,7 @@ def get_kv_cache_config(
     Raises:
         InvalidConfigError: fewer than 2 blocks (the null block and one
             usable block) fit, or the layout cannot express the groups.
+        PoolTooLargeError: more blocks than int32 block ids address.
     """
     if not any(group.layer_names for group in groups):
         return KVCacheConfig(num_blocks=1, kv_cache_groups=groups, layout=layout)
@@ -165,6 +167,13 @@ def get_kv_cache_config(
             f"{2 * block_bytes} bytes"
         )
         raise InsufficientMemoryError(msg)
+    if count > MAX_NUM_BLOCKS:
+        msg = (
+            f"num_blocks={count} ({format_bytes(available_memory)} in blocks of {block_bytes} "
+            "bytes) is more than a pool can address: block tables hold int32 ids (at most "
+            f"{MAX_NUM_BLOCKS} blocks); plan with less memory or fewer blocks"
+        )
+        raise PoolTooLargeError(msg)
     return KVCacheConfig(
         num_blocks=count,
         kv_cache_groups=groups,
