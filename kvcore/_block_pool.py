@@ -373,6 +373,30 @@ class BlockPool:
                 f"{len(blocks)}-block table"
             )
             raise InvalidBlockError(msg)
+        new = blocks[num_cached_blocks:num_full_blocks]
+        self._check_blocks(new)
+        # The null block never carries a hash: every entry must be None.
+        block_hash_of = self._hash
+        if list(map(block_hash_of.__getitem__, new)).count(None) != len(new):
+            block = next(b for b in new if block_hash_of[b] is not None)
+            msg = f"block {block} is already cached; a block is cached once, when it is full"
+            raise InvalidBlockError(msg)
+        self._cache_full_blocks(
+            request, blocks, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id
+        )
+
+    def _cache_full_blocks(
+        self,
+        request: Request,
+        blocks: Sequence[int],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+    ) -> None:
+        """:meth:`cache_full_blocks` for the managers' own tables: no checks of the blocks."""
+        if num_cached_blocks >= num_full_blocks:
+            return
         hashes = request.block_hashes
         if self.hash_block_size is not None and block_size != self.hash_block_size:
             hashes = hashes_at_block_size(hashes, self.hash_block_size, block_size)  # type: ignore[assignment]
@@ -383,15 +407,12 @@ class BlockPool:
             )
             raise InvalidRequestError(msg)
         block_hash_of = self._hash
-        new = blocks[num_cached_blocks:num_full_blocks]
-        self._check_blocks(new)
-        for block in new:
-            if block and block_hash_of[block] is not None:
-                msg = f"block {block} is already cached; a block is cached once, when it is full"
-                raise InvalidBlockError(msg)
-        cached = self._cached[kv_cache_group_id]
         group_of = self._group
-        log = self._log
+        if self._log is not None:
+            new = blocks[num_cached_blocks:num_full_blocks]
+            old_groups = list(map(group_of.__getitem__, new))
+            self._log.append((self._undo_cache, (new, old_groups, kv_cache_group_id)))
+        cached = self._cached[kv_cache_group_id]
         stored = [] if self.enable_kv_cache_events else None
         for index in range(num_cached_blocks, num_full_blocks):
             block = blocks[index]
@@ -399,13 +420,10 @@ class BlockPool:
                 continue
             block_hash = hashes[index]
             block_hash_of[block] = block_hash
-            old_group = group_of[block]
             group_of[block] = kv_cache_group_id
             first = cached.setdefault(block_hash, block)
             if first != block:
                 self._dups[kv_cache_group_id].setdefault(block_hash, []).append(block)
-            if log is not None:
-                log.append((self._undo_cache, (block, old_group, first == block)))
             if stored is not None:
                 stored.append(block_hash)
         if stored is not None:
@@ -425,19 +443,27 @@ class BlockPool:
                 )
             )
 
-    def _undo_cache(self, block: int, old_group: int, primary: bool) -> None:
-        block_hash = self._hash[block]
-        group = self._group[block]
-        if primary:
-            del self._cached[group][block_hash]  # type: ignore[arg-type]
-        else:
-            dups = self._dups[group]
-            waiting = dups[block_hash]  # type: ignore[index]
-            waiting.pop()
-            if not waiting:
-                del dups[block_hash]  # type: ignore[arg-type]
-        self._hash[block] = None
-        self._group[block] = old_group
+    def _undo_cache(self, blocks: list[int], old_groups: list[int], group: int) -> None:
+        # Newest first: a block is the primary entry of its hash unless it
+        # was added after one, and then it is the last of the duplicates.
+        block_hash_of = self._hash
+        group_of = self._group
+        cached = self._cached[group]
+        dups = self._dups[group]
+        for index in range(len(blocks) - 1, -1, -1):
+            block = blocks[index]
+            if not block:
+                continue
+            block_hash = block_hash_of[block]
+            if cached.get(block_hash) == block:
+                del cached[block_hash]  # type: ignore[arg-type]
+            else:
+                waiting = dups[block_hash]  # type: ignore[index]
+                waiting.pop()
+                if not waiting:
+                    del dups[block_hash]  # type: ignore[arg-type]
+            block_hash_of[block] = None
+            group_of[block] = old_groups[index]
 
     def _uncache(self, block: int) -> None:
         """Drop ``block``'s hash from the map; the caller knows it has one."""
@@ -497,53 +523,51 @@ class BlockPool:
         blocks = self._free.pop_n(num_blocks)
         ref = self._ref
         log = self._log
-        # (block, hash) of the blocks evicted inline since the last _uncache,
-        # flattened, for the undo (which must replay in reverse order).
-        evicted: list[Any] = []
+        if not self.enable_caching:
+            if log is not None:
+                log.append((self._undo_new, (blocks, None)))
+            for block in blocks:
+                ref[block] = 1
+            return blocks
+        block_hash_of = self._hash
+        if self.enable_kv_cache_events or any(self._dups):
+            # Events to queue, or duplicates to promote: evict one by one.
+            if log is not None:
+                log.append((self._undo_new, (blocks, None)))
+            uncache = self._uncache
+            for block in blocks:
+                if block_hash_of[block] is not None:
+                    uncache(block)
+                ref[block] = 1
+            return blocks
+        # The common case: every cached block taken is the only one under its
+        # hash, and nobody wants an event; the undo needs only the old hashes.
         if log is not None:
-            log.append((self._undo_new, (blocks,)))
-            log.append((self._undo_evictions, (evicted,)))
-        if self.enable_caching:
-            block_hash_of = self._hash
-            group_of = self._group
-            cached = self._cached
-            dups = self._dups
-            events = self.enable_kv_cache_events
-            for block in blocks:
-                block_hash = block_hash_of[block]
-                if block_hash is not None:
-                    group = group_of[block]
-                    if events or dups[group]:
-                        self._uncache(block)
-                        if log is not None:
-                            evicted = []
-                            log.append((self._undo_evictions, (evicted,)))
-                    else:
-                        # The common case inline: the block is the only one
-                        # cached under its hash, and nobody wants an event.
-                        del cached[group][block_hash]
-                        block_hash_of[block] = None
-                        if log is not None:
-                            evicted += (block, block_hash)
-                ref[block] = 1
-        else:
-            for block in blocks:
-                ref[block] = 1
+            old_hashes = list(map(block_hash_of.__getitem__, blocks))
+            log.append((self._undo_new, (blocks, old_hashes)))
+        group_of = self._group
+        cached = self._cached
+        for block in blocks:
+            block_hash = block_hash_of[block]
+            if block_hash is not None:
+                del cached[group_of[block]][block_hash]
+                block_hash_of[block] = None
+            ref[block] = 1
         return blocks
 
-    def _undo_new(self, blocks: list[int]) -> None:
+    def _undo_new(self, blocks: list[int], old_hashes: list[Hashable | None] | None) -> None:
         ref = self._ref
         for block in blocks:
             ref[block] = 0
-
-    def _undo_evictions(self, evicted: list[Any]) -> None:
+        if old_hashes is None:
+            return
         block_hash_of = self._hash
         group_of = self._group
         cached = self._cached
-        for index in range(len(evicted) - 2, -1, -2):
-            block, block_hash = evicted[index], evicted[index + 1]
-            block_hash_of[block] = block_hash
-            cached[group_of[block]][block_hash] = block
+        for block, block_hash in zip(blocks, old_hashes, strict=True):
+            if block_hash is not None:
+                block_hash_of[block] = block_hash
+                cached[group_of[block]][block_hash] = block
 
     def touch(self, blocks: Sequence[int]) -> None:
         """Take a reference on cache-hit blocks, reviving free ones from the queue.
@@ -556,9 +580,13 @@ class BlockPool:
                 nothing changes.
         """
         self._check_blocks(blocks)
+        self._touch(list(blocks))
+
+    def _touch(self, blocks: Sequence[int]) -> None:
+        """:meth:`touch` for checked blocks (kept, not copied, for the undo)."""
         ref = self._ref
         if self._log is not None:
-            self._log.append((self._undo_touch, (list(blocks),)))
+            self._log.append((self._undo_touch, (blocks,)))
         revived = []
         for block in blocks:
             if block:
@@ -569,7 +597,7 @@ class BlockPool:
         if revived:
             self._free.remove_blocks(revived)
 
-    def _undo_touch(self, blocks: list[int]) -> None:
+    def _undo_touch(self, blocks: Sequence[int]) -> None:
         ref = self._ref
         for block in blocks:
             if block:
@@ -587,6 +615,10 @@ class BlockPool:
             DoubleFreeError: a block had no reference left.
         """
         self._check_blocks(ordered_blocks)
+        self._free_blocks(list(ordered_blocks))
+
+    def _free_blocks(self, ordered_blocks: Sequence[int]) -> None:
+        """:meth:`free_blocks` for the managers' own tables (kept, not copied, for the undo)."""
         ref = self._ref
         released = []
         for position, block in enumerate(ordered_blocks):
@@ -605,11 +637,11 @@ class BlockPool:
                 if count == 0:
                     released.append(block)
         if self._log is not None:
-            self._log.append((self._undo_free, (list(ordered_blocks),)))
+            self._log.append((self._undo_free, (ordered_blocks,)))
         if released:
             self._free.push(released)
 
-    def _undo_free(self, blocks: list[int]) -> None:
+    def _undo_free(self, blocks: Sequence[int]) -> None:
         ref = self._ref
         for block in blocks:
             if block:

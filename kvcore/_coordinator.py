@@ -146,13 +146,13 @@ class KVCacheCoordinator:
                     # The hits a group adopts: those its type still reads.
                     skipped = max(0, manager.get_num_skipped_tokens(num_computed))
                     pinned.extend(hits[skipped // manager.block_size :])
-            self.block_pool.touch(pinned)
+            self.block_pool._touch(pinned)
         for manager, hits in zip(managers, new_computed_blocks, strict=True):
             manager.allocate_new_computed_blocks(
                 request_id, hits, num_local_computed_tokens, num_external_computed_tokens
             )
         if pinned:
-            self.block_pool.free_blocks(pinned)
+            self.block_pool._free_blocks(pinned)
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_encoder_tokens: int = 0

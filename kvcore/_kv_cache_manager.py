@@ -38,6 +38,8 @@ from kvcore.errors import (
 
 __all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
 
+_INT = {int}
+
 
 class KVCacheBlocks:
     """Blocks per KV cache group, as handed to the scheduler.
@@ -381,7 +383,12 @@ class KVCacheManager:
             num_need_slot = max_model_len
         coordinator = self.coordinator
         pool = self.block_pool
-        self._checkpoint()
+        # self._checkpoint(), inlined: this is the decode step's path.
+        undo = self._undo
+        if pool._log is not undo:
+            pool.begin()
+        elif undo:
+            undo.clear()
         try:
             if self._has_windowed_groups:
                 coordinator.remove_skipped_blocks(request_id, num_computed)
@@ -428,13 +435,23 @@ class KVCacheManager:
 
         Returns the counts as plain ints (numpy integers are converted).
         """
-        num_new_tokens = checked_count("num_new_tokens", num_new_tokens)
-        num_new_computed_tokens = checked_count("num_new_computed_tokens", num_new_computed_tokens)
-        num_lookahead_tokens = checked_count("num_lookahead_tokens", num_lookahead_tokens)
-        num_external_computed_tokens = checked_count(
-            "num_external_computed_tokens", num_external_computed_tokens
+        counts = (
+            num_new_tokens,
+            num_new_computed_tokens,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            num_encoder_tokens,
         )
-        num_encoder_tokens = checked_count("num_encoder_tokens", num_encoder_tokens)
+        if {*map(type, counts)} != _INT or min(counts) < 0:
+            num_new_tokens = checked_count("num_new_tokens", num_new_tokens)
+            num_new_computed_tokens = checked_count(
+                "num_new_computed_tokens", num_new_computed_tokens
+            )
+            num_lookahead_tokens = checked_count("num_lookahead_tokens", num_lookahead_tokens)
+            num_external_computed_tokens = checked_count(
+                "num_external_computed_tokens", num_external_computed_tokens
+            )
+            num_encoder_tokens = checked_count("num_encoder_tokens", num_encoder_tokens)
         if not running:
             if request._kv_owner is not None:
                 raise _foreign(request)

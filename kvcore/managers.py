@@ -28,6 +28,11 @@ the changes recorded with :meth:`BlockPool.record <kvcore.BlockPool.record>`.
 The base-class methods record every change they make to ``req_to_blocks`` and
 ``num_cached_block``; a subclass that changes them itself records its
 changes the same way.
+
+The base class calls the pool's unchecked variants (``_touch``,
+``_free_blocks``, ``_cache_full_blocks``) on its own tables and on hits the
+engine-facing manager has already checked: past the boundary the hot path
+trusts its data. A subclass calls the public, checking methods.
 """
 
 from __future__ import annotations
@@ -399,7 +404,7 @@ class SingleTypeManager(Generic[SpecT]):
             log.append((_undo_truncate, (table, 0)))
             log.append((_undo_set, (self.num_cached_block, request_id, _MISSING)))
         if self.enable_caching:
-            pool.touch(new_computed_blocks)
+            pool._touch(new_computed_blocks)
         if num_skipped_blocks:
             table.extend([NULL_BLOCK] * num_skipped_blocks)
         table.extend(new_computed_blocks)
@@ -438,7 +443,7 @@ class SingleTypeManager(Generic[SpecT]):
         if num_cached >= num_full:
             return
         pool = self.block_pool
-        pool.cache_full_blocks(
+        pool._cache_full_blocks(
             request,
             self.req_to_blocks[request_id],
             num_cached,
@@ -463,7 +468,7 @@ class SingleTypeManager(Generic[SpecT]):
             log.append((_undo_set, (self.req_to_blocks, request_id, table)))
             log.append((_undo_set, (self.num_cached_block, request_id, num_cached)))
         if table is not _MISSING and table:
-            self.block_pool.free_blocks(table[::-1])
+            self.block_pool._free_blocks(table[::-1])
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Free the blocks the request's next token no longer attends to.
@@ -491,7 +496,7 @@ class SingleTypeManager(Generic[SpecT]):
             removed.append(block)
         if removed:
             first = num_skipped_blocks - len(removed)
-            self.block_pool.free_blocks(removed)
+            self.block_pool._free_blocks(removed)
             table[first:num_skipped_blocks] = [NULL_BLOCK] * len(removed)
             self.block_pool.record(_undo_nulls, table, first, removed[::-1])
 
