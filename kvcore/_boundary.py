@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvcore._hashing import hashes_at_block_size
 from kvcore.errors import InvalidCacheHitError, InvalidRequestError
@@ -18,6 +18,7 @@ from kvcore.errors import InvalidCacheHitError, InvalidRequestError
 if TYPE_CHECKING:
     from kvcore._coordinator import KVCacheCoordinator
     from kvcore._request import Request
+    from kvcore.managers import SingleTypeManager
 
 __all__ = ["check_cache_hit", "checked_count"]
 
@@ -58,7 +59,9 @@ def check_cache_hit(
     block of the pool cached, in that group, under the hash its position
     implies for this request. Blocks a windowed type no longer reads are
     never adopted and not looked at (the search returns the null block
-    there). O(groups + adopted blocks), no scan of the pool.
+    there); a null block elsewhere must stand for tokens the type does not
+    read (its ``spec.tokens_read``). O(groups + adopted blocks), no scan of
+    the pool.
 
     The request's ``block_hashes`` must be up to date.
 
@@ -121,20 +124,32 @@ def check_cache_hit(
         except (TypeError, IndexError):
             valid = False
         if not valid:
-            _refuse_hit(pool, request, blocks, expected, first, group_id)
+            _check_hit_slowly(
+                pool, request, manager, blocks, expected, first, group_id, num_computed_tokens
+            )
 
 
-def _refuse_hit(
+def _check_hit_slowly(
     pool: object,
     request: Request,
+    manager: SingleTypeManager[Any],
     blocks: Sequence[int],
     expected: Sequence[object],
     first: int,
     group_id: int,
+    num_computed_tokens: int,
 ) -> None:
+    """Walk the hit block by block: raise for the first bad one, or return.
+
+    A null block passes where the type does not read the block's tokens at
+    the first token to compute (its declared rule, ``spec.tokens_read``): the
+    gap of a sinks-plus-window type, say. Everywhere else it is refused.
+    """
     num_blocks = pool.num_blocks  # type: ignore[attr-defined]
     hash_of = pool._hash  # type: ignore[attr-defined]
     group_of = pool._group  # type: ignore[attr-defined]
+    size = manager.block_size
+    reads: tuple[range, ...] | None = None
     prefix = f"request {request.request_id!r}: cache hit"
     for position in range(first, len(blocks)):
         block = blocks[position]
@@ -146,11 +161,16 @@ def _refuse_hit(
             )
             raise InvalidCacheHitError(msg)
         if block == 0:
-            msg = (
-                f"{prefix}: position {position} of group {group_id} is the null block, but "
-                "the group reads those tokens; pass what get_computed_blocks returned"
-            )
-            raise InvalidCacheHitError(msg)
+            if reads is None:
+                reads = tuple(manager.spec.tokens_read(num_computed_tokens))
+            start, stop = position * size, (position + 1) * size
+            if any(r.start < stop and r.stop > start for r in reads if r):
+                msg = (
+                    f"{prefix}: position {position} of group {group_id} is the null block, "
+                    "but the group reads those tokens; pass what get_computed_blocks returned"
+                )
+                raise InvalidCacheHitError(msg)
+            continue
         if hash_of[block] != expected[position] or group_of[block] != group_id:
             msg = (
                 f"{prefix}: block {block} {where} is not cached under this request's hash "
@@ -158,5 +178,3 @@ def _refuse_hit(
                 "evicted since); look the request up again with get_computed_blocks"
             )
             raise InvalidCacheHitError(msg)
-    msg = f"{prefix}: the blocks of group {group_id} are not this request's hit"
-    raise InvalidCacheHitError(msg)

@@ -509,3 +509,43 @@ def test_an_absurd_skip_count_is_refused_without_windowed_groups_too(manager):
         lambda: manager.remove_skipped_blocks("a", 13),
     )
     manager.remove_skipped_blocks("a", 12)  # nothing to free, and nothing wrong
+
+
+def test_a_null_block_passes_where_the_type_does_not_read(builtin_registry):
+    """Sinks plus a window (the streaming example): the gap between them is null in a hit.
+
+    Block 4, 4 sink tokens, window 8. A 32-token prompt cached; the same
+    prompt + 1 token hits 32 tokens: the query at 32 reads tokens 0-3 (block
+    0) and 25-31 (blocks 6-7); blocks 1-5 are null. A null block where the
+    query reads (block 6) is refused, naming the type's rule.
+    """
+    streaming = pytest.importorskip("kvcore_streaming")
+    spec = streaming.StreamingSpec(
+        block_size=4,
+        num_kv_heads=1,
+        head_size=1,
+        dtype="float32",
+        sink_tokens=4,
+        sliding_window=8,
+    )
+    registry = kvcore.registry_from_layer_types(
+        [kvcore.LayerType(streaming.StreamingSpec, streaming.StreamingManager)]
+    )
+    manager = kvcore.KVCacheManager(
+        kvcore.KVCacheConfig.from_specs(30, [spec]), 64, registry=registry
+    )
+    first = Request("a", list(range(32)))
+    admit(manager, first)
+    manager.free(first)
+    request = Request("b", [*range(32), 7])
+    hit, num_hit = manager.get_computed_blocks(request)
+    assert (hit.get_block_ids(), num_hit) == (([1, 0, 0, 0, 0, 0, 7, 8],), 32)
+    bad = KVCacheBlocks(([1, 0, 0, 0, 0, 0, 0, 8],))
+    refused(
+        manager,
+        InvalidCacheHitError,
+        r"position 6 of group 0 is the null block, but the group reads those tokens",
+        lambda: manager.allocate_slots(request, 1, num_hit, bad),
+    )
+    assert manager.allocate_slots(request, 1, num_hit, hit) is not None
+    check_manager_invariants(manager)

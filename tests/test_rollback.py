@@ -53,45 +53,80 @@ FAULTS = Faults()
 
 def faulty(base: type) -> type:
     """``base`` with a tick before and after each method the coordinator calls."""
+    name = base.__name__
 
-    def wrap(name: str, classmethod_: bool = False) -> Any:
-        original = getattr(base, name)
+    def around(method: str, call: Callable[[], Any]) -> Any:
+        FAULTS.tick(f"{name}.{method}:before")
+        result = call()
+        FAULTS.tick(f"{name}.{method}:after")
+        return result
 
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            FAULTS.tick(f"{base.__name__}.{name}:before")
-            result = (
-                original.__func__(self, *args, **kwargs)
-                if classmethod_
-                else original(self, *args, **kwargs)
+    class Faulty(base):  # type: ignore[misc, valid-type]
+        @classmethod
+        def find_longest_cache_hit(cls, query: Any) -> Any:
+            return around(
+                "find_longest_cache_hit", lambda: super(Faulty, cls).find_longest_cache_hit(query)
             )
-            FAULTS.tick(f"{base.__name__}.{name}:after")
-            return result
 
-        method.__name__ = name
-        return classmethod(method) if classmethod_ else method
+        def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+            return around(
+                "get_num_skipped_tokens",
+                lambda: super(Faulty, self).get_num_skipped_tokens(num_computed_tokens),
+            )
 
-    names = [
-        "get_num_skipped_tokens",
-        "get_num_blocks_to_allocate",
-        "remove_skipped_blocks",
-        "allocate_new_computed_blocks",
-        "allocate_new_blocks",
-        "cache_blocks",
-        "free",
-    ]
-    namespace = {name: wrap(name) for name in names}
-    namespace["find_longest_cache_hit"] = wrap("find_longest_cache_hit", classmethod_=True)
-    return type(f"Faulty{base.__name__}", (base,), namespace)
+        def get_num_blocks_to_allocate(self, *args: Any) -> int:
+            return around(
+                "get_num_blocks_to_allocate",
+                lambda: super(Faulty, self).get_num_blocks_to_allocate(*args),
+            )
+
+        def remove_skipped_blocks(self, *args: Any) -> None:
+            around(
+                "remove_skipped_blocks", lambda: super(Faulty, self).remove_skipped_blocks(*args)
+            )
+
+        def allocate_new_computed_blocks(self, *args: Any) -> None:
+            around(
+                "allocate_new_computed_blocks",
+                lambda: super(Faulty, self).allocate_new_computed_blocks(*args),
+            )
+
+        def allocate_new_blocks(self, *args: Any) -> list[int]:
+            return around(
+                "allocate_new_blocks", lambda: super(Faulty, self).allocate_new_blocks(*args)
+            )
+
+        def cache_blocks(self, *args: Any) -> None:
+            around("cache_blocks", lambda: super(Faulty, self).cache_blocks(*args))
+
+        def free(self, *args: Any) -> None:
+            around("free", lambda: super(Faulty, self).free(*args))
+
+    if not base.frees_skipped_blocks:
+        # The contract: only a type that frees skipped blocks may override these.
+        del Faulty.get_num_skipped_tokens
+        del Faulty.remove_skipped_blocks
+    Faulty.__name__ = Faulty.__qualname__ = f"Faulty{name}"
+    return Faulty
 
 
-REGISTRY = kvcore.registry_from_layer_types(
-    [
-        kvcore.LayerType(spec=FullAttentionSpec, manager=faulty(FullAttentionManager)),
-        kvcore.LayerType(spec=SlidingWindowSpec, manager=faulty(SlidingWindowManager)),
-        kvcore.LayerType(spec=MambaSpec, manager=faulty(MambaManager)),
-    ],
-    name="faulty",
-)
+LAYER_TYPES = [
+    kvcore.LayerType(spec=FullAttentionSpec, manager=faulty(FullAttentionManager)),
+    kvcore.LayerType(spec=SlidingWindowSpec, manager=faulty(SlidingWindowManager)),
+    kvcore.LayerType(spec=MambaSpec, manager=faulty(MambaManager)),
+]
+try:  # the example plugin that frees a gap with its own remove_skipped_blocks
+    import kvcore_streaming
+except ImportError:  # pragma: no cover - installed by the README's test command
+    kvcore_streaming = None
+else:
+    LAYER_TYPES.append(
+        kvcore.LayerType(
+            spec=kvcore_streaming.StreamingSpec,
+            manager=faulty(kvcore_streaming.StreamingManager),
+        )
+    )
+REGISTRY = kvcore.registry_from_layer_types(LAYER_TYPES, name="faulty")
 
 
 def full(block_size: int = 4) -> FullAttentionSpec:
@@ -219,6 +254,21 @@ CONFIGS = {
     "hybrid": ([full(), sw(8), mamba()], 40),
     "full": ([full()], 20),
 }
+if kvcore_streaming is not None:
+    CONFIGS["full+streaming"] = (
+        [
+            full(),
+            kvcore_streaming.StreamingSpec(
+                block_size=4,
+                num_kv_heads=1,
+                head_size=1,
+                dtype="float32",
+                sink_tokens=4,
+                sliding_window=8,
+            ),
+        ],
+        30,
+    )
 
 
 def make(specs: list[Any], num_blocks: int) -> KVCacheManager:
@@ -250,7 +300,9 @@ def test_the_script_exercises_every_path(config):
         hit_b = results[5]
         assert hit_b[1] == 20  # b hits a's whole prompt in all three groups
         assert any("SlidingWindowManager.remove_skipped_blocks:after" in p for p in points)
-    assert ticks > 100
+    if config == "full+streaming":
+        assert any("StreamingManager.remove_skipped_blocks:after" in p for p in points)
+    assert ticks > (300 if config == "hybrid" else 60)
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -244,9 +244,12 @@ MUTATIONS = [
         "sliding-window hit one block short",
         "tiny-gemma",
         _window_hit_one_block_short,
-        "a hit accepted with the window's first block not cached (a null block in the window)",
+        (
+            "a hit accepted with the window's first block not cached (a null block in the "
+            "window); allocate_slots' hit check refuses it too"
+        ),
         executor_catches=True,
-        bookkeeping_catches=False,
+        bookkeeping_catches=True,
     ),
     Mutation(
         "chunk freed one token early",
@@ -268,9 +271,12 @@ MUTATIONS = [
         "Mamba hit reads the previous checkpoint",
         "tiny-qwen-next",
         _mamba_hit_reads_the_previous_checkpoint,
-        "a hit of L tokens hands out the block holding the state after L - block_size",
+        (
+            "a hit of L tokens hands out the block holding the state after L - block_size; "
+            "allocate_slots' hit check sees it cached under another position's hash"
+        ),
         executor_catches=True,
-        bookkeeping_catches=False,
+        bookkeeping_catches=True,
     ),
     Mutation(
         "stale cache entry on block reuse",
@@ -334,12 +340,11 @@ MUTATIONS = [
         "tiny-gemma",
         _hybrid_hit_not_trimmed,
         (
-            "full attention keeps hit blocks past the length every group agreed on; the "
-            "request recomputes those positions into the shared cached blocks, writing the "
-            "values already there (the kernels are deterministic): no output changes"
+            "full attention keeps hit blocks past the length every group agreed on: "
+            "allocate_slots' hit check refuses blocks that cover more than the hit length"
         ),
-        executor_catches=False,
-        bookkeeping_catches=False,
+        executor_catches=True,
+        bookkeeping_catches=True,
     ),
     Mutation(
         "EAGLE keeps the last hit block",

@@ -74,6 +74,11 @@ def _blocks_read(spec: StreamingSpec, position: int) -> set[int]:
     }
 
 
+def _put_back(table: list[int], freed: list[tuple[int, int]]) -> None:
+    for index, block in freed:
+        table[index] = block
+
+
 class StreamingManager(SingleTypeManager[StreamingSpec]):
     """Keeps the sink blocks and the window's blocks; frees the gap between them."""
 
@@ -93,10 +98,13 @@ class StreamingManager(SingleTypeManager[StreamingSpec]):
         for index in range(min(stop, len(table)) - 1, spec.sink_blocks - 1, -1):
             if table[index] == NULL_BLOCK:
                 break
-            freed.append(table[index])
-            table[index] = NULL_BLOCK
+            freed.append((index, table[index]))
         if freed:
-            self.block_pool.free_blocks(freed)
+            self.block_pool.free_blocks([block for _, block in freed])
+            for index, _ in freed:
+                table[index] = NULL_BLOCK
+            # If the operation fails later, the pool undoes it: put the blocks back then.
+            self.block_pool.record(_put_back, table, freed)
 
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery[StreamingSpec]) -> tuple[list[int], ...]:
