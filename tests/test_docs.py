@@ -52,5 +52,6 @@ def test_every_error_class_is_on_the_errors_page():
             classes.add(cls.__name__)
         stack.extend(cls.__subclasses__())
     page = (DOCS / "reference" / "errors.rst").read_text()
-    rows = set(re.findall(r"\* - (?::class:`~kvcore\.(?:errors|reference)\.|``)(\w+)", page))
+    row = r"\* - (?::class:`~kvcore\.(?:errors|reference|cluster)\.|``)(\w+)"
+    rows = set(re.findall(row, page))
     assert classes <= rows, classes - rows
