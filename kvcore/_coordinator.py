@@ -182,6 +182,11 @@ class KVCacheCoordinator:
         for manager in self._windowed:
             manager.remove_skipped_blocks(request_id, total_computed_tokens)
 
+    def new_step_starts(self) -> None:
+        """Tell every group's manager that a scheduling step begins."""
+        for manager in self.managers:
+            manager.new_step_starts()
+
     def get_blocks(self, request_id: str) -> Hits:
         """The request's block table in every group."""
         return tuple(manager.get_block_ids(request_id) for manager in self.managers)
@@ -401,9 +406,9 @@ class HybridCoordinator(KVCacheCoordinator):
             if group.downward_closed:
                 keep = hit_length // group.block_size
                 for group_id in group.group_ids:
-                    blocks = hits_by_group[group_id]
-                    if blocks is not None:
-                        del blocks[keep:]
+                    group_hit = hits_by_group[group_id]
+                    if group_hit is not None:
+                        del group_hit[keep:]
         return tuple(b if b is not None else [] for b in hits_by_group), hit_length
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:

@@ -607,6 +607,22 @@ class KVCacheManager:
             )
             raise InvalidRequestError(msg)
 
+    def new_step_starts(self) -> None:
+        """Announce a new scheduling step; call it once at the start of every step.
+
+        Blocks cached while a step is scheduled hold their contents only once
+        the step has run. Attention reads them in time, but a recurrent layer
+        (Mamba) reads a request's stored state when the step starts, so a
+        request must not adopt a state cached in the same step: from the
+        first call on, such an allocation returns ``None`` (the request waits
+        one step, nothing changes) and succeeds after the next call. vLLM's
+        scheduler (0.15 and later) makes the same call. An engine that never
+        calls it keeps vLLM 0.14's behaviour, in which that hit reads a state
+        not written yet (the Mamba manager logs a warning when it happens).
+        Cheap: O(groups) plus the states cached in the step that ended.
+        """
+        self.coordinator.new_step_starts()
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block, if no request holds blocks (else change nothing).
 

@@ -500,6 +500,18 @@ class SingleTypeManager(Generic[SpecT]):
             table[first:num_skipped_blocks] = [NULL_BLOCK] * len(removed)
             self.block_pool.record(_undo_nulls, table, first, removed[::-1])
 
+    def new_step_starts(self) -> None:
+        """A new scheduling step begins (the engine calls it once per step).
+
+        Blocks cached during a step hold their KV or state only once that
+        step has run. Attention reads them in time (every key and value of a
+        step is written before any is read, layer by layer), so the default
+        does nothing. A type whose layers read their stored state when the
+        step starts (a recurrent state) overrides this, remembers what it
+        cached during the step, and refuses a hit on it until the next step
+        (:class:`~kvcore_plugins.mamba.MambaManager` does).
+        """
+
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table in this group (empty if it holds none)."""
         return self.req_to_blocks.get(request_id, [])

@@ -13,14 +13,15 @@ Each step, like a serving engine's scheduler:
    tokens dropped, first in the waiting queue) and the allocation retried.
 3. **Waiting requests**, first come first served, unless something was
    preempted this step: ``get_computed_blocks``, then ``allocate_slots``
-   with the hit. A request whose hit contains a block that a request
-   scheduled earlier in this step writes waits for the next step (with
-   :attr:`EngineConfig.defer_same_step_hits`): the manager caches a block
-   when the step that fills it is scheduled, but its contents are only
-   written while that step runs. Attention reads them in time (every
-   request's keys and values are written before any is read, layer by
-   layer), a recurrent layer does not: it reads its initial state when the
-   step starts.
+   with the hit. The manager caches a block when the step that fills it is
+   scheduled, but its contents are only written while that step runs.
+   Attention reads them in time (every request's keys and values are
+   written before any is read, layer by layer), a recurrent layer does not:
+   it reads its initial state when the step starts. With
+   :attr:`EngineConfig.defer_same_step_hits` the engine announces every
+   step (:meth:`~kvcore.KVCacheManager.new_step_starts`), and the manager
+   keeps a request whose hit ends on a state cached in this step waiting
+   until the next one.
 4. **The step runs** on the executor; then computed tokens advance, the
    next token is appended when a request reaches its end (with speculative
    decoding: the accepted draft tokens and a bonus token), and requests
@@ -35,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
@@ -46,6 +47,10 @@ from kvcore._request import Request
 from kvcore.errors import InvalidConfigError, InvalidRequestError
 
 __all__ = ["EngineConfig", "EngineRequest", "EngineStats", "ReferenceEngine", "synthetic_requests"]
+
+
+def _token_tuple(tokens: Iterable[int]) -> tuple[int, ...]:
+    return tuple(tokens)
 
 
 def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -79,7 +84,7 @@ class EngineRequest:
     """
 
     request_id: str
-    prompt_token_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    prompt_token_ids: tuple[int, ...] = attrs.field(converter=_token_tuple)
     max_output_tokens: int = attrs.field(validator=_positive)
     arrival_step: int = attrs.field(default=0, validator=_non_negative)
     num_encoder_tokens: int = attrs.field(default=0, validator=_non_negative)
@@ -100,10 +105,11 @@ class EngineConfig:
         draft_acceptance: Chance that a draft token is the right one.
         reset_prefix_cache_at: Steps at which every running request is
             preempted and the prefix cache reset.
-        defer_same_step_hits: Keep a request waiting while its cache hit
-            contains a block written in the current step (see the module
-            documentation). Without it, a hit on a recurrent state cached in
-            the same step reads the state before it is written.
+        defer_same_step_hits: Announce every step to the manager, which
+            then keeps a request waiting while its hit ends on a recurrent
+            state cached in the current step (see the module documentation).
+            Without it the manager behaves as vLLM 0.14's, and such a hit
+            reads the state before it is written.
         seed: Seed of the output tokens and of the draft outcomes.
         vocab_size: Output token ids are drawn below this.
     """
@@ -261,6 +267,8 @@ class ReferenceEngine:
             self._waiting.append(_Live(spec, request))
         if stats.steps in config.reset_prefix_cache_at:
             self._reset()
+        if config.defer_same_step_hits:
+            manager.new_step_starts()
         budget = config.max_num_batched_tokens
         scheduled: list[tuple[_Live, int, tuple[int, ...]]] = []
         written: set[int] = set()  # blocks the step writes, so far
@@ -299,11 +307,6 @@ class ReferenceEngine:
             live = self._waiting[0]
             request = live.request
             hits, num_hit = manager.get_computed_blocks(request)
-            if config.defer_same_step_hits and any(
-                b in written for group in hits.blocks for b in group
-            ):
-                stats.deferred_admissions += 1
-                break
             num_new = min(request.num_tokens - num_hit, budget)
             blocks = manager.allocate_slots(
                 request,
@@ -313,6 +316,8 @@ class ReferenceEngine:
                 num_encoder_tokens=live.spec.num_encoder_tokens,
             )
             if blocks is None:
+                if any(b in written for group in hits.blocks for b in group):
+                    stats.deferred_admissions += 1  # (the pool may be full as well)
                 break
             request.num_computed_tokens = num_hit
             written.update(self._blocks_written(request, num_new))

@@ -1,6 +1,8 @@
 """A continuous-batching scheduler that drives a :class:`~kvcore.KVCacheManager` like an engine.
 
-Each step, as the reference engine's scheduler does:
+Each step, as the reference engine's scheduler does (after announcing the
+step with :meth:`~kvcore.KVCacheManager.new_step_starts`, so a Mamba state
+cached in a step is not adopted before that step has run):
 
 1. **Running requests first**, in order: each asks for its remaining
    tokens (a prefill chunk, or one decode token), capped by what is left
@@ -35,6 +37,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 
@@ -56,13 +59,13 @@ class UnservableRequestError(InvalidConfigError):
     """A request cannot be scheduled even with the whole pool free."""
 
 
-def _positive_int(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _positive_int(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if type(value) is not int or value < 1:
         msg = f"{attribute.name} must be a positive integer, got {value!r}"
         raise InvalidConfigError(msg)
 
 
-def _non_negative(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if (
         not isinstance(value, int | float)
         or isinstance(value, bool)
@@ -72,7 +75,7 @@ def _non_negative(instance: object, attribute: attrs.Attribute[object], value: o
         raise InvalidConfigError(msg)
 
 
-def _arrival_mode(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _arrival_mode(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value not in ARRIVAL_MODES:
         msg = f"arrival must be one of {', '.join(ARRIVAL_MODES)}, got {value!r}"
         raise InvalidConfigError(msg)
@@ -204,6 +207,7 @@ class Scheduler:
         """
         self._admit_arrivals()
         manager = self.manager
+        manager.new_step_starts()
         allocate = manager.allocate_slots
         clock = time.perf_counter_ns
         overhead = self.timer_overhead_ns

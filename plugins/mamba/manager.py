@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from math import gcd
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from kvcore import Request
 from kvcore.errors import InvalidConfigError
 from kvcore.managers import NULL_BLOCK, HitQuery, SingleTypeManager
 from kvcore_plugins.mamba.spec import MambaSpec
 
 __all__ = ["MambaManager"]
+
+logger = logging.getLogger("kvcore.mamba")
+
+
+def _forget(cached_this_step: set[int], blocks: list[int]) -> None:
+    cached_this_step.difference_update(blocks)
 
 
 class MambaManager(SingleTypeManager[MambaSpec]):
@@ -25,12 +33,31 @@ class MambaManager(SingleTypeManager[MambaSpec]):
     Prefix caching works only in ``mamba_cache_mode="align"``; in ``"none"``
     the group is not cacheable and a config asking for prefix caching is
     refused.
+
+    **The same-step rule.** A state block is cached when the step that
+    computes it is scheduled, but the state is written only while that step
+    runs, and a recurrent layer reads a request's initial state when the step
+    starts. So a request admitted in the same step must not adopt it: once
+    the engine announces steps (:meth:`kvcore.KVCacheManager.new_step_starts`),
+    an allocation whose hit ends on a state cached in the current step is
+    refused as if the pool were full (``allocate_slots`` returns ``None``)
+    and succeeds from the next step on, as in vLLM 0.15 and later. An engine
+    that never announces steps gets vLLM 0.14's behaviour, where such a hit
+    reads a state that is not written yet; the manager logs a warning the
+    first time it adopts a hit then.
     """
 
     #: The state is not produced by the draft model: EAGLE never drops a block.
     eagle_drops_last_block: ClassVar[bool] = False
     #: Every state but the latest is freed as the request advances.
     frees_skipped_blocks: ClassVar[bool] = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: State blocks cached since the current step began (steps announced).
+        self.cached_blocks_this_step: set[int] = set()
+        self._steps_announced = False
+        self._warned_unannounced = False
 
     @classmethod
     def is_prefix_cacheable(cls, spec: MambaSpec) -> bool:
@@ -98,7 +125,26 @@ class MambaManager(SingleTypeManager[MambaSpec]):
         new_computed_blocks: Sequence[int],
         total_computed_tokens: int,
     ) -> int:
-        """As the base class, with ``num_speculative_blocks`` more blocks of room."""
+        """As the base class, with ``num_speculative_blocks`` more blocks of room.
+
+        A hit whose state block was cached in the current step (see the
+        class's same-step rule) asks for one block more than the pool has,
+        so the allocation is refused and nothing changes.
+        """
+        if new_computed_blocks:
+            state = new_computed_blocks[-1]
+            if self._steps_announced:
+                if state in self.cached_blocks_this_step:
+                    return self.block_pool.num_blocks + 1
+            elif state and not self._warned_unannounced:
+                self._warned_unannounced = True
+                logger.warning(
+                    "kvcore: group %d adopts a cached Mamba state, but the engine never "
+                    "called KVCacheManager.new_step_starts(); a state cached in the same "
+                    "step is read before it is written. Call new_step_starts() at the "
+                    "start of every scheduling step.",
+                    self.kv_cache_group_id,
+                )
         num_tokens += self.block_size * self.spec.num_speculative_blocks
         return super().get_num_blocks_to_allocate(
             request_id, num_tokens, new_computed_blocks, total_computed_tokens
@@ -109,3 +155,24 @@ class MambaManager(SingleTypeManager[MambaSpec]):
         return super().allocate_new_blocks(
             request_id, num_tokens + self.block_size * self.spec.num_speculative_blocks
         )
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """As the base class; once steps are announced, remember what this step cached."""
+        if not self._steps_announced:
+            super().cache_blocks(request, num_tokens)
+            return
+        request_id = request.request_id
+        before = self.num_cached_block.get(request_id, 0)
+        super().cache_blocks(request, num_tokens)
+        after = self.num_cached_block.get(request_id, 0)
+        if after > before:
+            step = self.cached_blocks_this_step
+            added = [b for b in self.req_to_blocks[request_id][before:after] if b and b not in step]
+            if added:
+                step.update(added)
+                self.block_pool.record(_forget, step, added)
+
+    def new_step_starts(self) -> None:
+        """Forget the states cached in the previous step: they are written now."""
+        self._steps_announced = True
+        self.cached_blocks_this_step.clear()

@@ -199,3 +199,80 @@ def test_other_spec_fields_are_validated(fields, match):
     values = {"block_size": 16, "shapes": ((2, 8),), "dtypes": ("float32",), **fields}
     with pytest.raises(InvalidSpecError, match=match):
         MambaSpec(**values)
+
+
+def test_a_state_cached_in_this_step_is_not_adopted_until_the_next():
+    """Notes §9.6 #52, the same-step rule, on full attention + Mamba (align), block 16.
+
+    Step 1: "a" (a 40-token prompt) is scheduled whole; its allocation caches
+    full blocks [1, 2] and Mamba blocks [4, 5] (the state after 16 and 32
+    tokens; block 6 holds the partial third block). In the same step "b",
+    the same 40 tokens, hits 32 tokens ending on Mamba block 5, whose state
+    is only written while step 1 runs: its allocation is refused (``None``)
+    and changes nothing. After ``new_step_starts`` the same call succeeds and
+    adopts the hit.
+    """
+    manager = make_manager([full(16), mamba(16)], 30)
+    prompt = tokens((1, 16), (2, 16), (3, 8))
+    manager.new_step_starts()
+    a = kvcore.Request("a", prompt)
+    assert manager.allocate_slots(a, 40) is not None
+    assert manager.get_block_ids("a") == ([1, 2, 3], [4, 5, 6])
+    b = kvcore.Request("b", prompt)
+    hit, num_hit = manager.get_computed_blocks(b)
+    assert (num_hit, hit.blocks) == (32, ([1, 2], [NULL, 5]))
+    free_before = manager.num_free_blocks
+    assert manager.allocate_slots(b, 8, num_hit, hit) is None
+    assert manager.num_free_blocks == free_before
+    assert manager.get_block_ids("b") == ([], [])
+    a.num_computed_tokens = 40
+    manager.new_step_starts()
+    assert manager.allocate_slots(b, 8, num_hit, hit) is not None
+    assert manager.get_block_ids("b") == ([1, 2, 7], [NULL, 5, 8])
+
+
+def test_a_state_cached_in_an_earlier_step_is_adopted_at_once():
+    """Same prompts, but "b" arrives one step after "a": no wait."""
+    manager = make_manager([full(16), mamba(16)], 30)
+    prompt = tokens((1, 16), (2, 16), (3, 8))
+    manager.new_step_starts()
+    admit(manager, kvcore.Request("a", prompt))
+    manager.new_step_starts()
+    b = kvcore.Request("b", prompt)
+    hit, num_hit = manager.get_computed_blocks(b)
+    assert num_hit == 32
+    assert manager.allocate_slots(b, 8, num_hit, hit) is not None
+
+
+def test_a_rolled_back_allocation_forgets_the_states_it_cached():
+    """An operation that raises after caching leaves no state marked as cached this step."""
+    manager = make_manager([full(16), mamba(16)], 30)
+    (group_manager,) = [m for m in manager.coordinator.managers if isinstance(m, MambaManager)]
+    manager.new_step_starts()
+    a = kvcore.Request("a", tokens((1, 40)))
+    original = group_manager.cache_blocks
+
+    def cache_then_raise(request: kvcore.Request, num_tokens: int) -> None:
+        original(request, num_tokens)
+        assert group_manager.cached_blocks_this_step == {4, 5}
+        raise RuntimeError("injected after caching")
+
+    group_manager.cache_blocks = cache_then_raise  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="injected"):
+        manager.allocate_slots(a, 40)
+    assert group_manager.cached_blocks_this_step == set()
+    assert manager.get_block_ids("a") == ([], [])
+
+
+def test_an_engine_that_never_announces_steps_gets_the_reference_behaviour(caplog):
+    """Without ``new_step_starts`` the same-step hit is adopted (vLLM 0.14), with a warning."""
+    manager = make_manager([full(16), mamba(16)], 30)
+    prompt = tokens((1, 16), (2, 16), (3, 8))
+    assert manager.allocate_slots(kvcore.Request("a", prompt), 40) is not None
+    b = kvcore.Request("b", prompt)
+    hit, num_hit = manager.get_computed_blocks(b)
+    with caplog.at_level("WARNING", logger="kvcore.mamba"):
+        assert manager.allocate_slots(b, 8, num_hit, hit) is not None
+    assert manager.get_block_ids("b") == ([1, 2, 7], [NULL, 5, 8])
+    (record,) = caplog.records
+    assert "never called KVCacheManager.new_step_starts()" in record.getMessage()
