@@ -113,7 +113,15 @@ class KVCacheTensor:
         return self.offset + layer_index * self.layer_stride + block_id * self.block_stride
 
 
-def _check_num_blocks(instance: object, attribute: object, value: object) -> None:
+def _group_tuple(groups: Iterable[KVCacheGroupSpec]) -> tuple[KVCacheGroupSpec, ...]:
+    return tuple(groups)
+
+
+def _tensor_tuple(tensors: Iterable[KVCacheTensor]) -> tuple[KVCacheTensor, ...]:
+    return tuple(tensors)
+
+
+def _check_num_blocks(instance: object, attribute: attrs.Attribute[int], value: Any) -> None:
     if type(value) is not int or value < 1:
         msg = f"KVCacheConfig.num_blocks must be an integer >= 1 (the null block), got {value!r}"
         raise InvalidConfigError(msg)
@@ -139,8 +147,8 @@ class KVCacheConfig:
     """
 
     num_blocks: int = attrs.field(validator=_check_num_blocks)
-    kv_cache_groups: tuple[KVCacheGroupSpec, ...] = attrs.field(converter=tuple)
-    kv_cache_tensors: tuple[KVCacheTensor, ...] = attrs.field(default=(), converter=tuple)
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...] = attrs.field(converter=_group_tuple)
+    kv_cache_tensors: tuple[KVCacheTensor, ...] = attrs.field(default=(), converter=_tensor_tuple)
     layout: KVCacheLayout = attrs.field(default="layer_outer", validator=_check_layout)
 
     @classmethod

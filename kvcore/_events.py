@@ -8,15 +8,19 @@ Hashes are the raw block hashes kvcore computed (``bytes`` for sha256,
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 import attrs
 
 __all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVCacheEvent"]
 
 
-def _as_tuple(value: object) -> tuple[object, ...]:
-    return tuple(value)  # type: ignore[call-overload]
+def _hash_tuple(hashes: Iterable[Hashable]) -> tuple[Hashable, ...]:
+    return tuple(hashes)
+
+
+def _token_tuple(tokens: Iterable[int]) -> tuple[int, ...]:
+    return tuple(tokens)
 
 
 @attrs.frozen(kw_only=True)
@@ -40,9 +44,9 @@ class BlockStored:
         medium: Where the blocks live; always ``"GPU"`` for now.
     """
 
-    block_hashes: tuple[Hashable, ...] = attrs.field(converter=_as_tuple)
+    block_hashes: tuple[Hashable, ...] = attrs.field(converter=_hash_tuple)
     parent_block_hash: Hashable | None
-    token_ids: tuple[int, ...] = attrs.field(converter=_as_tuple)
+    token_ids: tuple[int, ...] = attrs.field(converter=_token_tuple)
     block_size: int
     lora_id: int | None = None
     lora_name: str | None = None
@@ -61,7 +65,7 @@ class BlockRemoved:
         medium: Where the block lived; always ``"GPU"`` for now.
     """
 
-    block_hashes: tuple[Hashable, ...] = attrs.field(converter=_as_tuple)
+    block_hashes: tuple[Hashable, ...] = attrs.field(converter=_hash_tuple)
     group_idx: int = 0
     medium: str = "GPU"
 

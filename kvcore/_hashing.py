@@ -26,7 +26,7 @@ import hashlib
 import operator
 import struct
 from collections.abc import Hashable, Sequence
-from typing import Any, Final, NoReturn, overload
+from typing import Any, Final, NoReturn, cast, overload
 
 from kvcore._request import Request
 from kvcore.errors import InvalidConfigError, InvalidRequestError, RequestStateError
@@ -234,7 +234,7 @@ class BlockHasher:
 
     def _claim(self, request: Request) -> None:
         if request._hash_key is not None and request._hash_key != self._key:
-            bs, algo = request._hash_key  # type: ignore[misc]
+            bs, algo = cast("tuple[int, str]", request._hash_key)
             msg = (
                 f"request {request.request_id!r} was hashed with block size {bs} and "
                 f"{algo!r}, but this manager hashes with block size {self.block_size} and "

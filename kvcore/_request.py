@@ -173,7 +173,7 @@ class Request:
                 iterable.
         """
         if token_ids.__class__ is int:
-            self._all_token_ids.append(token_ids)  # type: ignore[arg-type]
+            self._all_token_ids.append(token_ids)
         elif isinstance(token_ids, Iterable) and not isinstance(token_ids, str | bytes):
             self._all_token_ids.extend(token_ids)
         elif hasattr(token_ids, "__index__"):

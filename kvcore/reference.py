@@ -122,7 +122,8 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> tor
 def init_weight(generator: torch.Generator, rows: int, cols: int) -> torch.Tensor:
     """A ``(rows, cols)`` float64 weight with entries of variance ``1 / rows``."""
     weight = torch.randn(rows, cols, generator=generator, dtype=COMPUTE_DTYPE)
-    return weight * rows**-0.5
+    scale: float = rows**-0.5
+    return weight * scale
 
 
 @attrs.frozen(kw_only=True)

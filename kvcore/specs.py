@@ -529,7 +529,8 @@ class AttentionSpec(KVCacheSpec):
         validator=non_negative_int,
     )
     dtype: str = attrs.field(
-        converter=attrs.Converter(_convert_dtype, takes_self=True, takes_field=True)
+        # mypy's attrs plugin does not read attrs.Converter (it converts to str).
+        converter=attrs.Converter(_convert_dtype, takes_self=True, takes_field=True)  # type: ignore[misc]
     )
 
     def __attrs_post_init__(self) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import attrs
@@ -27,6 +27,10 @@ __all__ = ["Executor", "Scheduled", "single_threaded"]
 MAX_REPORTED_MISMATCHES = 20
 
 
+def _optional_tokens(tokens: Iterable[int] | None) -> tuple[int, ...] | None:
+    return None if tokens is None else tuple(tokens)
+
+
 @attrs.frozen(kw_only=True)
 class Scheduled:
     """One request's share of a step, as the scheduler decided it.
@@ -47,9 +51,7 @@ class Scheduled:
 
     request: Request
     num_tokens: int
-    token_ids: tuple[int, ...] | None = attrs.field(
-        default=None, converter=attrs.converters.optional(tuple)
-    )
+    token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=_optional_tokens)
     num_encoder_tokens: int = 0
 
 

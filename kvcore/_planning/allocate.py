@@ -85,7 +85,8 @@ def _part_view(
         buffer, size=(num_blocks, part.nbytes), stride=(block_stride, 1), storage_offset=start
     )
     typed = raw.view(_torch_dtype(torch_module, part.dtype))
-    return typed.unflatten(1, part.shape)
+    view: torch.Tensor = typed.unflatten(1, part.shape)
+    return view
 
 
 def allocate_kv_cache(config: KVCacheConfig, *, device: Any = "cpu") -> KVCacheBuffers:

@@ -63,25 +63,25 @@ __all__ = [
 _RATE_WINDOW_S = 10.0
 
 
-def _engines(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _engines(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if type(value) is not int or not 1 <= value <= 1024:
         msg = f"--engines must be an integer from 1 to 1024, got {value!r}"
         raise InvalidConfigError(msg)
 
 
-def _router(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _router(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value not in ROUTER_POLICIES:
         msg = f"--router must be one of {', '.join(ROUTER_POLICIES)}, got {value!r}"
         raise InvalidConfigError(msg)
 
 
-def _index_url(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _index_url(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is not None and not (isinstance(value, str) and value.startswith("redis://")):
         msg = f"--index takes redis://HOST:PORT (default: the in-process index), got {value!r}"
         raise InvalidConfigError(msg)
 
 
-def _time_scale(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _time_scale(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < 1e6:
         msg = f"--time-scale must be a number > 0 (1: the trace's own pace), got {value!r}"
         raise InvalidConfigError(msg)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from typing import Any
 
 import attrs
 
@@ -44,15 +45,15 @@ from kvcore.errors import InvalidConfigError
 __all__ = ["GeneratorConfig", "generate_workload"]
 
 
-def _positive(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _positive(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
         msg = f"GeneratorConfig.{attribute.name} must be > 0, got {value!r}"
         raise InvalidConfigError(msg)
 
 
-def _positive_finite(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _positive_finite(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     _positive(instance, attribute, value)
-    if not math.isfinite(value):  # type: ignore[arg-type]
+    if not math.isfinite(value):
         msg = f"GeneratorConfig.{attribute.name} must be a finite number > 0, got {value!r}"
         raise InvalidConfigError(msg)
 

@@ -28,7 +28,7 @@ __all__ = ["DEFAULT_MODEL", "SimulationOptions", "simulate"]
 DEFAULT_MODEL = "gpt-oss-20b"
 
 
-def _hash_algorithm(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _hash_algorithm(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value not in HASH_ALGORITHMS:
         msg = f"hash algorithm must be one of {', '.join(HASH_ALGORITHMS)}, got {value!r}"
         raise InvalidConfigError(msg)

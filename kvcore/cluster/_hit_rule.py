@@ -185,7 +185,7 @@ def longest_hit(
     """
     if isinstance(coordinator, UnitaryCoordinator):
         (manager,) = coordinator.managers
-        block_size = manager.spec.block_size
+        block_size: int = manager.spec.block_size
         query = HitQuery(
             block_hashes,
             max_length,

@@ -259,7 +259,8 @@ class RedisBackend:
         """Apply batches in order in one pipeline; ``False`` for those already applied."""
         if not batches:
             return []
-        return self._call(self._apply_pipelined, batches)
+        applied: list[bool] = self._call(self._apply_pipelined, batches)
+        return applied
 
     def _apply_pipelined(self, batches: Sequence[ReadyBatch]) -> list[bool]:
         pipe = self._client.pipeline(transaction=False)
@@ -382,7 +383,7 @@ class RedisBackend:
         """Block entries held for ``engine`` (copies counted), all groups."""
         keys = self._keys(engine)
         sets, copies = keys[1 : 1 + self.num_groups], keys[1 + self.num_groups :]
-        total = sum(self._call(self._client.scard, key) for key in sets)
+        total: int = sum(self._call(self._client.scard, key) for key in sets)
         for key in copies:
             total += sum(int(v) for v in self._call(self._client.hvals, key))
         return total

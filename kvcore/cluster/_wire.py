@@ -32,25 +32,28 @@ This module imports msgspec, from kvcore's ``fleet`` extra.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvcore.cluster._errors import EventFormatError, require
 
-msgspec = require("msgspec", "kvcore's KV event wire format")
+if TYPE_CHECKING:
+    import msgspec
+else:
+    msgspec = require("msgspec", "kvcore's KV event wire format")
 
 __all__ = ["EventBatch", "decode_batch", "encode_batch", "merge_removals"]
 
 _STRUCT_OPTIONS: dict[str, Any] = {"array_like": True, "omit_defaults": True, "gc": False}
 
 
-class _WireBatch(msgspec.Struct, **_STRUCT_OPTIONS):  # type: ignore[misc, call-arg]
+class _WireBatch(msgspec.Struct, **_STRUCT_OPTIONS):
     ts: float
     events: list[Any]
     data_parallel_rank: int | None = None
 
 
-class _WireStored(msgspec.Struct, tag="BlockStored", **_STRUCT_OPTIONS):  # type: ignore[misc, call-arg]
+class _WireStored(msgspec.Struct, tag="BlockStored", **_STRUCT_OPTIONS):
     block_hashes: list[int | bytes]
     parent_block_hash: int | bytes | None
     token_ids: list[int]
@@ -65,17 +68,17 @@ class _WireStored(msgspec.Struct, tag="BlockStored", **_STRUCT_OPTIONS):  # type
     kv_cache_spec_sliding_window: int | None = None
 
 
-class _WireRemoved(msgspec.Struct, tag="BlockRemoved", **_STRUCT_OPTIONS):  # type: ignore[misc, call-arg]
+class _WireRemoved(msgspec.Struct, tag="BlockRemoved", **_STRUCT_OPTIONS):
     block_hashes: list[int | bytes]
     medium: str | None
     group_idx: int | None = None
 
 
-class _WireCleared(msgspec.Struct, tag="AllBlocksCleared", **_STRUCT_OPTIONS):  # type: ignore[misc, call-arg]
+class _WireCleared(msgspec.Struct, tag="AllBlocksCleared", **_STRUCT_OPTIONS):
     pass
 
 
-class _DecodedBatch(msgspec.Struct, **_STRUCT_OPTIONS):  # type: ignore[misc, call-arg]
+class _DecodedBatch(msgspec.Struct, **_STRUCT_OPTIONS):
     ts: float
     events: list[_WireStored | _WireRemoved | _WireCleared]
     data_parallel_rank: int | None = None
@@ -153,7 +156,7 @@ def merge_removals(events: Sequence[KVCacheEvent]) -> list[KVCacheEvent]:
     """
     out: list[KVCacheEvent] = []
     run: list[Any] = []
-    run_group = run_medium = None
+    run_group, run_medium = 0, "GPU"
     for event in events:
         if isinstance(event, BlockRemoved):
             if run and (event.group_idx, event.medium) == (run_group, run_medium):

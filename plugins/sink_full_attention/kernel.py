@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from kvcore.reference import CacheLayer, Params, StepInput, TokenRowKernel, round_to
 from kvcore.specs import KVCacheSpec
+from kvcore_plugins.sink_full_attention.manager import SinkFullAttentionManager
 from kvcore_plugins.sink_full_attention.spec import SinkFullAttentionSpec
 
 __all__ = ["SinkFullAttentionKernel"]
@@ -42,14 +45,14 @@ class SinkFullAttentionKernel(TokenRowKernel):
 
     def setup(self, spec: KVCacheSpec, params: Params, layer: CacheLayer) -> None:
         """Write the sink rows into the reserved sink blocks."""
-        blocks = tuple(layer.manager.sink_blocks)
+        blocks = tuple(cast(SinkFullAttentionManager, layer.manager).sink_blocks)
         layer.write(blocks, 0, params["sink"], who="the sink blocks")
 
     def extra_rows(
         self, spec: KVCacheSpec, params: Params, layer: CacheLayer, step: StepInput
     ) -> torch.Tensor:
         """The sink rows, read back from the reserved sink blocks."""
-        blocks = tuple(layer.manager.sink_blocks)
+        blocks = tuple(cast(SinkFullAttentionManager, layer.manager).sink_blocks)
         return layer.read(blocks, 0, len(params["sink"]), who="the sink blocks")
 
     def dense_extra_rows(self, spec: KVCacheSpec, params: Params) -> torch.Tensor:
