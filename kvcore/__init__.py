@@ -6,10 +6,11 @@ are loaded when a registry is built (:func:`load_registry`).
 
 from __future__ import annotations
 
-from kvcore import errors, hookspecs, managers, specs
+from kvcore import errors, eviction, hookspecs, managers, specs
 from kvcore._block_pool import NULL_BLOCK, BlockPool
 from kvcore._config import KVCacheConfig, KVCacheGroupSpec, KVCacheLayout, KVCacheTensor
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvcore._eviction.registry import available_eviction_policies
 from kvcore._hashing import HASH_ALGORITHMS, BlockHasher
 from kvcore._kv_cache_manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
 from kvcore._planning.allocate import KVCacheBuffers, allocate_kv_cache
@@ -71,6 +72,7 @@ from kvcore.errors import (
     RequestStateError,
     RequestTooLongError,
     TraceFormatError,
+    UnknownEvictionPolicyError,
     UnknownSpecError,
 )
 from kvcore.hookspecs import hookimpl
@@ -116,6 +118,7 @@ __all__ = [
     "format_bytes",
     "BlockPool",
     "NULL_BLOCK",
+    "available_eviction_policies",
     "BlockHasher",
     "HASH_ALGORITHMS",
     # events
@@ -139,6 +142,7 @@ __all__ = [
     "ENV_DISABLE_PLUGINS",
     # errors
     "errors",
+    "eviction",
     "hookspecs",
     "managers",
     "specs",
@@ -149,6 +153,7 @@ __all__ = [
     "PluginConflictError",
     "HookImplementationError",
     "UnknownSpecError",
+    "UnknownEvictionPolicyError",
     "InvalidSpecError",
     "InvalidConfigError",
     "InsufficientMemoryError",

@@ -15,6 +15,14 @@ nothing when they refuse. While a transaction runs (:meth:`BlockPool.begin`),
 every change also records how to reverse it, so that the engine-facing
 manager can undo a whole operation a plugin manager failed half-way through
 (:meth:`BlockPool.rollback`); outside one, nothing is recorded.
+
+Which free block is handed out next is not decided here: the pool owns an
+eviction policy (:mod:`kvcore.eviction`) and asks it, and only it, for
+victims. The built-in LRU queue runs on the pool's own fast path; any other
+policy is driven through the protocol by a
+:class:`~kvcore._eviction.driver.PolicyDriver`, which also counts the free
+blocks and makes the policy's changes undoable. A test drives the LRU queue
+through both paths and checks they hand out the same blocks.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final
 
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvcore._eviction.driver import PolicyDriver
+from kvcore._eviction.registry import DEFAULT_POLICY, build_policy, resolve_policy
 from kvcore._free_queue import LRUFreeQueue
 from kvcore._hashing import hashes_at_block_size
 from kvcore._planning.memory import format_bytes
@@ -35,6 +45,7 @@ from kvcore.errors import (
     InvalidRequestError,
     PoolTooLargeError,
 )
+from kvcore.eviction import EvictionPolicy, EvictionPolicyFactory, GroupInfo, PoolInfo
 
 __all__ = ["MAX_NUM_BLOCKS", "NULL_BLOCK", "BlockPool", "available_host_memory"]
 
@@ -107,9 +118,19 @@ class BlockPool:
         enable_kv_cache_events: Queue KV cache events for :meth:`take_events`.
         group_kinds: Attention kind of each group, stamped on
             ``BlockStored`` events (``None``: events carry no kind).
+        eviction: The eviction policy: a built-in name (default ``"lru"``,
+            the reference engine's order) or a factory
+            ``(PoolInfo) -> EvictionPolicy``.
+        group_info: What the policy is told about each group (default: the
+            kinds, block size 1, whole-prefix reads).
+        alignment_tokens: Hit lengths are multiples of this (told to the policy).
+
+    Attributes:
+        policy: The eviction policy (read-only; the pool alone calls it).
 
     Raises:
-        InvalidConfigError: ``num_blocks`` is not an integer >= 1.
+        InvalidConfigError: ``num_blocks`` is not an integer >= 1, or the
+            policy did not hand out the null block first.
         PoolTooLargeError: more blocks than int32 block ids address, or than
             the host has memory to keep track of.
     """
@@ -123,6 +144,9 @@ class BlockPool:
         "_group_kinds",
         "_hash",
         "_log",
+        "_lru",
+        "_num_dropped",
+        "_num_stored",
         "_ref",
         "_reserved",
         "_undo",
@@ -130,6 +154,7 @@ class BlockPool:
         "enable_kv_cache_events",
         "hash_block_size",
         "num_blocks",
+        "policy",
     )
 
     null_block: Final = NULL_BLOCK
@@ -143,6 +168,9 @@ class BlockPool:
         num_groups: int = 1,
         enable_kv_cache_events: bool = False,
         group_kinds: Sequence[str] | None = None,
+        eviction: str | EvictionPolicyFactory = DEFAULT_POLICY,
+        group_info: Sequence[GroupInfo] | None = None,
+        alignment_tokens: int = 1,
     ) -> None:
         if type(num_blocks) is not int or num_blocks < 1:
             msg = (
@@ -154,14 +182,46 @@ class BlockPool:
         if group_kinds is not None and len(group_kinds) != num_groups:
             msg = f"group_kinds has {len(group_kinds)} entries for {num_groups} groups"
             raise InvalidConfigError(msg)
+        if group_info is not None and len(group_info) != num_groups:
+            msg = f"group_info has {len(group_info)} entries for {num_groups} groups"
+            raise InvalidConfigError(msg)
+        factory = resolve_policy(eviction)
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
         self.enable_kv_cache_events = enable_kv_cache_events
         self._group_kinds = tuple(group_kinds) if group_kinds is not None else None
-        self._free = LRUFreeQueue(num_blocks)
+        if group_info is None:
+            kinds = self._group_kinds or (None,) * num_groups
+            group_info = [GroupInfo(kind=kind) for kind in kinds]
+        info = PoolInfo(
+            num_blocks=num_blocks,
+            groups=tuple(group_info),
+            alignment_tokens=alignment_tokens,
+            view=self,
+        )
+        self.policy: EvictionPolicy = build_policy(factory, info)
+        # The built-in LRU queue is the pool's fast path; any other policy
+        # (a subclass of it included) goes through the protocol.
+        self._lru: LRUFreeQueue | None
+        self._free: LRUFreeQueue | PolicyDriver
+        if type(self.policy) is LRUFreeQueue:
+            self._lru = self._free = self.policy
+        else:
+            self._lru = None
+            self._free = PolicyDriver(self.policy, num_blocks)
         taken = self._free.pop_n(1)
-        assert taken == [NULL_BLOCK]
+        if taken != [NULL_BLOCK]:
+            msg = (
+                f"eviction policy {type(self.policy).__name__} handed out block {taken} first; "
+                "the first block taken from a fresh pool must be the null block 0 "
+                "(never-allocated blocks go first, in id order)"
+            )
+            raise InvalidConfigError(msg)
+        # Hashes ever given to blocks, and those dropped other than by
+        # eviction: the difference with what is cached now is num_evicted.
+        self._num_stored = 0
+        self._num_dropped = 0
         self._ref: list[int] = [0] * num_blocks
         self._hash: list[Hashable | None] = [None] * num_blocks
         self._group: list[int] = [0] * num_blocks
@@ -264,6 +324,16 @@ class BlockPool:
             raise InvalidBlockError(msg)
 
     # -- capacity -------------------------------------------------------------------
+
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be allocated now (free, including evictable cached ones)."""
+        return self._free.num_free
+
+    @property
+    def num_evicted(self) -> int:
+        """Cached blocks taken for new allocations so far (their contents lost); O(num_blocks)."""
+        return self._num_stored - self._num_dropped - self.num_cached_blocks()
 
     def get_num_free_blocks(self) -> int:
         """Blocks that can be allocated now (free, including evictable cached ones)."""
@@ -408,6 +478,9 @@ class BlockPool:
             raise InvalidRequestError(msg)
         block_hash_of = self._hash
         group_of = self._group
+        self._num_stored += (
+            num_full_blocks - num_cached_blocks - blocks[num_cached_blocks:num_full_blocks].count(0)
+        )
         if self._log is not None:
             new = blocks[num_cached_blocks:num_full_blocks]
             old_groups = list(map(group_of.__getitem__, new))
@@ -426,6 +499,10 @@ class BlockPool:
                 self._dups[kv_cache_group_id].setdefault(block_hash, []).append(block)
             if stored is not None:
                 stored.append(block_hash)
+        if self._lru is None:
+            self._tell_cached(
+                request, blocks, num_cached_blocks, num_full_blocks, hashes, kv_cache_group_id
+            )
         if stored is not None:
             kinds = self._group_kinds
             self._append_event(
@@ -443,9 +520,27 @@ class BlockPool:
                 )
             )
 
+    def _tell_cached(
+        self,
+        request: Request,
+        blocks: Sequence[int],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        hashes: Sequence[Hashable],
+        group: int,
+    ) -> None:
+        """Tell a protocol-driven policy what was cached (undone by ``forget``)."""
+        self.policy.cached(
+            group, blocks, num_cached_blocks, num_full_blocks, hashes, request.num_prompt_tokens
+        )
+        if self._log is not None:
+            new = [block for block in blocks[num_cached_blocks:num_full_blocks] if block]
+            self._log.append((self.policy.forget, (new,)))
+
     def _undo_cache(self, blocks: list[int], old_groups: list[int], group: int) -> None:
         # Newest first: a block is the primary entry of its hash unless it
         # was added after one, and then it is the last of the duplicates.
+        self._num_stored -= len(blocks) - blocks.count(0)
         block_hash_of = self._hash
         group_of = self._group
         cached = self._cached[group]
@@ -520,6 +615,8 @@ class BlockPool:
         """
         if num_blocks.__class__ is not int or num_blocks < 0:
             self._check_count(num_blocks)
+        if self._lru is None:
+            return self._get_new_blocks_via_policy(num_blocks)
         blocks = self._free.pop_n(num_blocks)
         ref = self._ref
         log = self._log
@@ -555,6 +652,24 @@ class BlockPool:
             ref[block] = 1
         return blocks
 
+    def _get_new_blocks_via_policy(self, num_blocks: int) -> list[int]:
+        """:meth:`get_new_blocks` with a protocol-driven policy choosing the victims."""
+        blocks = self._free.pop_n(num_blocks)
+        ref = self._ref
+        if self._log is not None:
+            self._log.append((self._undo_new, (blocks, None)))
+        if self.enable_caching:
+            block_hash_of = self._hash
+            uncache = self._uncache
+            for block in blocks:
+                if block_hash_of[block] is not None:
+                    uncache(block)
+                ref[block] = 1
+        else:
+            for block in blocks:
+                ref[block] = 1
+        return blocks
+
     def _undo_new(self, blocks: list[int], old_hashes: list[Hashable | None] | None) -> None:
         ref = self._ref
         for block in blocks:
@@ -584,6 +699,9 @@ class BlockPool:
 
     def _touch(self, blocks: Sequence[int]) -> None:
         """:meth:`touch` for checked blocks (kept, not copied, for the undo)."""
+        if self._lru is None:
+            self._touch_via_policy(blocks)
+            return
         ref = self._ref
         if self._log is not None:
             self._log.append((self._undo_touch, (blocks,)))
@@ -596,6 +714,22 @@ class BlockPool:
                 ref[block] = count + 1
         if revived:
             self._free.remove_blocks(revived)
+
+    def _touch_via_policy(self, blocks: Sequence[int]) -> None:
+        """:meth:`_touch` with a protocol-driven policy: revivals, then the hit."""
+        ref = self._ref
+        if self._log is not None:
+            self._log.append((self._undo_touch, (blocks,)))
+        revived = []
+        for block in blocks:
+            if block:
+                count = ref[block]
+                if count == 0:
+                    revived.append(block)
+                ref[block] = count + 1
+        if revived:
+            self._free.remove_blocks(revived)
+        self.policy.hit(blocks)
 
     def _undo_touch(self, blocks: Sequence[int]) -> None:
         ref = self._ref
@@ -619,6 +753,33 @@ class BlockPool:
 
     def _free_blocks(self, ordered_blocks: Sequence[int]) -> None:
         """:meth:`free_blocks` for the managers' own tables (kept, not copied, for the undo)."""
+        if self._lru is None:
+            self._free_blocks_via_policy(ordered_blocks)
+            return
+        ref = self._ref
+        released = []
+        for position, block in enumerate(ordered_blocks):
+            if block:
+                count = ref[block] - 1
+                if count < 0:
+                    for earlier in ordered_blocks[:position]:
+                        if earlier:
+                            ref[earlier] += 1
+                    msg = (
+                        f"block {block} was freed more often than it was allocated "
+                        "(its reference count is already 0)"
+                    )
+                    raise DoubleFreeError(msg)
+                ref[block] = count
+                if count == 0:
+                    released.append(block)
+        if self._log is not None:
+            self._log.append((self._undo_free, (ordered_blocks,)))
+        if released:
+            self._free.push(released)
+
+    def _free_blocks_via_policy(self, ordered_blocks: Sequence[int]) -> None:
+        """:meth:`_free_blocks` with a protocol-driven policy receiving the freed blocks."""
         ref = self._ref
         released = []
         for position, block in enumerate(ordered_blocks):
@@ -678,9 +839,20 @@ class BlockPool:
         """
         blocks = list(block_ids)
         self._check_blocks(blocks)
+        forgotten = []
         for block in blocks:
             if self._hash[block] is not None:
                 self._uncache(block)
+                forgotten.append(block)
+        if forgotten:
+            self._num_dropped += len(forgotten)
+            self.record(self._undo_dropped, len(forgotten))
+            if self._lru is None:
+                # Not undone: a policy cannot be told a block regained its hash.
+                self.policy.forget(forgotten)
+
+    def _undo_dropped(self, count: int) -> None:
+        self._num_dropped -= count
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block, if no request holds a block.
@@ -697,7 +869,10 @@ class BlockPool:
             cached.clear()
         for dups in self._dups:
             dups.clear()
+        self._num_dropped += self.num_cached_blocks()
         self._hash = [None] * self.num_blocks
+        if self._lru is None:
+            self.policy.forget(None)
         if self.enable_kv_cache_events:
             self._events.append(AllBlocksCleared())
         return True
@@ -745,8 +920,20 @@ class BlockPool:
             raise self._refuse_block(block)
         return self._hash[block]
 
+    def block_group(self, block: int) -> int:
+        """The KV cache group ``block`` was last cached in (0 if it never was)."""
+        return self._group[block]
+
+    def is_cached(self, block_hash: Hashable, group: int) -> bool:
+        """Whether some block of ``group`` is cached under ``block_hash``."""
+        return block_hash in self._cached[group]
+
+    def cached_block(self, block_hash: Hashable, group: int) -> int | None:
+        """The block of ``group`` a lookup of ``block_hash`` finds, or ``None``."""
+        return self._cached[group].get(block_hash)
+
     def free_block_ids(self) -> list[int]:
-        """The free blocks in queue order: the next block to be allocated first."""
+        """The free blocks in the policy's order: the next block to be allocated first."""
         return list(self._free)
 
     def num_cached_blocks(self) -> int:

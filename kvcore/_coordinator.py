@@ -22,6 +22,7 @@ from kvcore._registry import Registry
 from kvcore._request import Request
 from kvcore._utils import round_down
 from kvcore.errors import InvalidConfigError
+from kvcore.eviction import EvictionPolicyFactory, GroupInfo
 from kvcore.managers import HitQuery, SingleTypeManager
 from kvcore.specs import KVCacheSpec
 
@@ -52,6 +53,7 @@ class KVCacheCoordinator:
         hash_block_size: Tokens per entry of ``Request.block_hashes``.
         alignment_tokens: Every hit length is a multiple of this (the least
             common multiple of the cacheable groups' block sizes).
+        eviction: The pool's eviction policy (a built-in name or a factory).
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class KVCacheCoordinator:
         enable_kv_cache_events: bool,
         hash_block_size: int,
         alignment_tokens: int,
+        eviction: str | EvictionPolicyFactory = "lru",
     ) -> None:
         groups = config.kv_cache_groups
         specs = [group.kv_cache_spec for group in groups]
@@ -80,6 +83,12 @@ class KVCacheCoordinator:
             num_groups=len(groups),
             enable_kv_cache_events=enable_kv_cache_events,
             group_kinds=[spec.kind for spec in specs],
+            eviction=eviction,
+            group_info=[
+                GroupInfo.of(spec, enable_caching and cls.is_prefix_cacheable(spec))
+                for cls, spec in zip(manager_classes, specs, strict=True)
+            ],
+            alignment_tokens=alignment_tokens,
         )
         self.managers: tuple[SingleTypeManager[Any], ...] = tuple(
             cls(spec, self.block_pool, kv_cache_group_id=i, enable_caching=enable_caching)
@@ -433,6 +442,7 @@ def make_coordinator(
     enable_caching: bool,
     use_eagle: bool,
     enable_kv_cache_events: bool,
+    eviction: str | EvictionPolicyFactory = "lru",
 ) -> KVCacheCoordinator:
     """Pick and build the coordinator for ``config``.
 
@@ -488,6 +498,7 @@ def make_coordinator(
         "enable_kv_cache_events": enable_kv_cache_events,
         "hash_block_size": hash_block_size,
         "alignment_tokens": alignment,
+        "eviction": eviction,
     }
     if not enable_caching or num_groups == 0:
         return NoPrefixCacheCoordinator(config, registry, enable_caching=False, **kwargs)

@@ -4,10 +4,13 @@ Free blocks wait in a queue; allocation takes them from the head. A free block
 that still carries a prefix-cache hash can be revived by a cache hit, which
 takes it out of the queue wherever it is. So the queue order *is* the eviction
 order, and it decides which cached prefixes survive. Everything about that
-order lives in the policy class below; the block pool calls only
-:meth:`LRUFreeQueue.pop_n`, :meth:`~LRUFreeQueue.push`,
-:meth:`~LRUFreeQueue.remove` and reads ``num_free``, so another eviction
-policy can replace this one without touching the pool or any manager.
+order lives in the policy class below. It is the default eviction policy
+(``"lru"``) and implements :class:`kvcore.eviction.EvictionPolicy`
+(``take`` = :meth:`~LRUFreeQueue.pop_n`, ``release`` =
+:meth:`~LRUFreeQueue.push`, ``revive`` = :meth:`~LRUFreeQueue.remove`; what
+is cached or hit does not matter to it). The block pool drives this class
+through its own fast path and every other policy through the protocol; a
+test checks both give the same blocks.
 
 The default policy reproduces the reference implementation exactly (block ids
 and cache-hit lengths depend on it):
@@ -25,12 +28,13 @@ restores the exact order (see :mod:`kvcore._undo`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any, ClassVar
 
 from kvcore.errors import OutOfBlocksError
+from kvcore.eviction import PoolInfo
 
-__all__ = ["LRUFreeQueue"]
+__all__ = ["LRUFreeQueue", "lru_policy"]
 
 
 class LRUFreeQueue:
@@ -202,6 +206,49 @@ class LRUFreeQueue:
         if self._log is not None:
             self._log.append((self._undo_remove_fresh, (block, consumed)))
 
+    # -- the eviction-policy protocol (kvcore.eviction) --------------------------------
+
+    #: The queue records its own exact undo in the pool's log (:attr:`undo_log`).
+    exact_undo: ClassVar[bool] = True
+
+    @property
+    def undo_log(self) -> list[tuple[Callable[..., None], Any]] | None:
+        """The pool's undo log while a transaction runs, else ``None``."""
+        return self._log
+
+    @undo_log.setter
+    def undo_log(self, log: list[tuple[Callable[..., None], Any]] | None) -> None:
+        self._log = log
+
+    def take(self, n: int) -> list[int]:
+        """:meth:`pop_n`: the first ``n`` blocks of the queue."""
+        return self.pop_n(n)
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """:meth:`push`: freed blocks join the tail in the given order."""
+        self.push(blocks)
+
+    def revive(self, block: int) -> None:
+        """:meth:`remove`: a hit took ``block`` out of the queue."""
+        self.remove(block)
+
+    def cached(
+        self,
+        group: int,
+        blocks: Sequence[int],
+        start: int,
+        stop: int,
+        block_hashes: Sequence[Hashable],
+        num_prompt_tokens: int,
+    ) -> None:
+        """LRU ignores what is cached."""
+
+    def hit(self, blocks: Sequence[int]) -> None:
+        """LRU ignores hits on blocks in use (a revived block is re-queued when freed)."""
+
+    def forget(self, blocks: Sequence[int] | None) -> None:
+        """A block that lost its hash keeps its place, as in the reference engine."""
+
     def __iter__(self) -> Iterator[int]:
         """Yield the free blocks from head (next to be taken) to tail."""
         holes = self._holes
@@ -268,3 +315,8 @@ class LRUFreeQueue:
         else:
             self._holes.discard(block)
         self.num_free += 1
+
+
+def lru_policy(info: PoolInfo) -> LRUFreeQueue:
+    """Least recently freed first, a request's tail before its head: vLLM 0.14's order."""
+    return LRUFreeQueue(info.num_blocks)

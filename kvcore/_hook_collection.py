@@ -162,6 +162,13 @@ def _reference_kernels(plugin: str, result: object) -> tuple[tuple[type[Any], An
     return tuple(result.items())
 
 
+def _eviction_policies(plugin: str, result: object) -> tuple[tuple[str, Any], ...]:
+    # Imported here: the eviction registry imports the block pool's policies.
+    from kvcore._eviction.registry import check_plugin_policies
+
+    return check_plugin_policies(plugin, result)
+
+
 def _kind_names(kind: LayerKind) -> Sequence[str]:
     return kind.names
 
@@ -182,6 +189,13 @@ COLLECTED_HOOKS: Final[tuple[CollectedHook, ...]] = (
     ),
     CollectedHook("kvcore_plan_options", _plan_options),
     CollectedHook("kvcore_model_layers", _implementations, call_at_load=False),
+    CollectedHook(
+        "kvcore_eviction_policies",
+        _eviction_policies,
+        keys=lambda item: (item[0],),
+        what="eviction policy",
+        describe_key=repr,
+    ),
     CollectedHook(
         "kvcore_reference_kernels",
         _reference_kernels,

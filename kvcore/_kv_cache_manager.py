@@ -25,6 +25,7 @@ from kvcore._boundary import check_cache_hit, checked_count
 from kvcore._config import KVCacheConfig
 from kvcore._coordinator import make_coordinator
 from kvcore._events import KVCacheEvent
+from kvcore._eviction.registry import DEFAULT_POLICY, resolve_policy
 from kvcore._hashing import BlockHasher
 from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
@@ -35,6 +36,7 @@ from kvcore.errors import (
     RequestStateError,
     RequestTooLongError,
 )
+from kvcore.eviction import EvictionPolicyFactory
 
 __all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
 
@@ -130,12 +132,19 @@ class KVCacheManager:
             ``False`` leaves it ``None`` (as the reference engine's
             ``log_stats=False``) and :meth:`make_prefix_cache_stats` returns
             ``None``.
+        eviction: Which cached blocks to give up first when the pool runs
+            out of never-used blocks: a policy name (``"lru"``, the default
+            and the reference engine's order; see
+            :func:`kvcore.available_eviction_policies`, which includes those
+            the registry's plugins add) or a factory
+            ``(kvcore.eviction.PoolInfo) -> EvictionPolicy``.
 
     Raises:
         UnknownSpecError: a group's spec is served by no loaded plugin.
         InvalidConfigError: the config cannot be served as asked (a bad
             ``max_model_len`` included).
         PoolTooLargeError: the config has more blocks than a pool can hold.
+        UnknownEvictionPolicyError: no policy has the name ``eviction``.
     """
 
     def __init__(
@@ -149,12 +158,14 @@ class KVCacheManager:
         hash_algorithm: str = "sha256",
         enable_kv_cache_events: bool = False,
         log_stats: bool = True,
+        eviction: str | EvictionPolicyFactory = DEFAULT_POLICY,
     ) -> None:
         if type(max_model_len) is not int or max_model_len <= 0:
             msg = f"max_model_len must be a positive integer, got {max_model_len!r}"
             raise InvalidConfigError(msg)
         if registry is None:
             registry = load_registry()
+        policy_factory = resolve_policy(eviction, registry.eviction_policies)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -166,6 +177,7 @@ class KVCacheManager:
             enable_caching=enable_caching,
             use_eagle=use_eagle,
             enable_kv_cache_events=enable_kv_cache_events,
+            eviction=policy_factory,
         )
         self.block_pool = self.coordinator.block_pool
         self._has_windowed_groups = self.coordinator.has_windowed_groups

@@ -358,6 +358,19 @@ class Registry:
             f"Loaded layer types: {loaded}"
         )
 
+    # -- eviction policies ------------------------------------------------------------
+
+    @property
+    def eviction_policies(self) -> Mapping[str, Any]:
+        """Policy name → factory, for the eviction policies plugins register.
+
+        The policies kvcore provides itself are not listed here
+        (:func:`kvcore.available_eviction_policies` lists both).
+        """
+        return MappingProxyType(
+            {name: claim.record[1] for name, claim in self.claims("kvcore_eviction_policies").items()}  # type: ignore[misc]
+        )
+
     # -- planning -----------------------------------------------------------------------
 
     @property

@@ -31,6 +31,7 @@ __all__ = [
     "PluginConflictError",
     "HookImplementationError",
     "UnknownSpecError",
+    "UnknownEvictionPolicyError",
     "InvalidSpecError",
     "InvalidConfigError",
     "InsufficientMemoryError",
@@ -80,6 +81,10 @@ class HookImplementationError(PluginError):
 
 class UnknownSpecError(PluginError, LookupError):
     """No selected plugin serves a spec type used by the KV cache config."""
+
+
+class UnknownEvictionPolicyError(KVCoreError, LookupError):
+    """An eviction policy was asked for by a name no built-in or plugin provides."""
 
 
 class InvalidSpecError(KVCoreError, ValueError):

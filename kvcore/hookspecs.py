@@ -30,6 +30,7 @@ import pluggy
 from kvcore._planning.layer_config import LayerBuilder, LayerKind, PlanOption
 from kvcore._planning.model_config import ModelFields, ModelLayer
 from kvcore._registry import LayerType
+from kvcore.eviction import EvictionPolicyFactory
 from kvcore.specs import KVCacheSpec
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ __all__ = [
     "PROJECT_NAME",
     "hookimpl",
     "hookspec",
+    "kvcore_eviction_policies",
     "kvcore_layer_kinds",
     "kvcore_layer_types",
     "kvcore_model_layers",
@@ -251,6 +253,45 @@ def kvcore_reference_kernels() -> Mapping[type[KVCacheSpec], ReferenceKernel]:  
                 return {MySpec: MyKernel()}
 
     Used by every built-in plugin, e.g. ``kvcore_plugins.sliding_window.kernel``.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def kvcore_eviction_policies() -> Mapping[str, EvictionPolicyFactory]:  # type: ignore[empty-body]
+    """Return the eviction policies this plugin provides, by name.
+
+    An eviction policy decides which free block the block pool hands out
+    next, and so which cached prefixes survive (:mod:`kvcore.eviction`
+    describes the protocol; :doc:`/explanation/architecture` walks through
+    it). Engines pick one by name:
+    ``KVCacheManager(config, max_model_len, registry=registry, eviction="mine")``
+    or ``kvcore simulate --eviction mine``.
+
+    Called once per plugin when a registry is built; the factories are kept
+    (``Registry.eviction_policies``) and called once per block pool, never on
+    the allocation path. A name may be claimed by one plugin only, and not
+    by a policy kvcore provides itself (:func:`kvcore.available_eviction_policies`
+    lists them; ``belady`` is the simulator's): either raises
+    :class:`~kvcore.errors.PluginConflictError`. Asking a manager for a name
+    nobody provides raises :class:`~kvcore.errors.UnknownEvictionPolicyError`
+    listing the available ones.
+
+    Returns:
+        Policy name → factory (at least one). A factory takes a
+        :class:`~kvcore.eviction.PoolInfo` and returns an object with every
+        method of :class:`~kvcore.eviction.EvictionPolicy` (checked when the
+        pool is built).
+
+    Example:
+        .. code-block:: python
+
+            @kvcore.hookimpl
+            def kvcore_eviction_policies():
+                return {"newest-first": NewestFirst}  # NewestFirst(info: PoolInfo)
+
+    ``examples/eviction_policy.py`` is a complete one.
 
     .. versionadded:: 0.1
     """
