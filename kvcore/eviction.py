@@ -65,6 +65,15 @@ class PoolView(Protocol):
         """Whether some block of ``group`` is cached under ``block_hash``."""
         ...
 
+    def cached_block(self, block_hash: Hashable, group: int) -> int | None:
+        """The block of ``group`` a lookup of ``block_hash`` finds, or ``None``.
+
+        Hashes are chained and taken at token boundaries, so in two groups
+        with the same block size the blocks under one hash cover the same
+        tokens of the same prefix.
+        """
+        ...
+
 
 #: A position large enough to show a spec's reading rule far from the start.
 _PROBE = 1 << 30

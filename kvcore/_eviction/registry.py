@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from kvcore._eviction.policies import admit_policy, cost_policy, frequency_policy
 from kvcore._free_queue import lru_policy
 from kvcore.errors import HookImplementationError, PluginConflictError, UnknownEvictionPolicyError
 from kvcore.eviction import POLICY_METHODS, EvictionPolicy, EvictionPolicyFactory, PoolInfo
@@ -35,6 +36,9 @@ DEFAULT_POLICY = "lru"
 BUILTIN_POLICIES: Mapping[str, EvictionPolicyFactory] = MappingProxyType(
     {
         "lru": lru_policy,
+        "admit": admit_policy,
+        "frequency": frequency_policy,
+        "cost": cost_policy,
     }
 )
 

@@ -1,0 +1,217 @@
+"""Free blocks in a few FIFO classes, each with a credit: the engine of the built-in policies.
+
+A block that becomes free is put in a *class* and gets a deadline: the
+pool's release clock (blocks released so far) plus its class's *credit*, in
+the same unit. The block taken next is the one with the earliest deadline.
+Within a class deadlines grow in release order, so each class is a FIFO and
+the earliest deadline is at the head of one of them: choosing a victim looks
+at one head per class, O(classes), and nothing ever scans the pool.
+
+With one class this is exactly least-recently-freed-first. A class with a
+credit of ``c`` keeps its blocks ``c`` released blocks longer than class 0:
+a credit of one pool size means "survives about one more turnover of the
+pool". Two orders need no credit and are not classes:
+
+- blocks never allocated go first, in id order (they hold nothing);
+- *worthless* blocks (no hash, or refused by the admission rule) go next,
+  least recently freed first.
+
+Per-block state lives in flat arrays indexed by block id: links, class and
+deadline (about 25 bytes a block on top of the pool's own lists).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Sequence
+
+__all__ = ["NOT_FREE", "WORTHLESS", "CreditQueues"]
+
+#: Class of a block that is not free.
+NOT_FREE = 255
+#: Class of free blocks that are taken before any valued one.
+WORTHLESS = 0
+
+
+class CreditQueues:
+    """Free blocks in FIFO classes with credits; take the earliest deadline first.
+
+    Args:
+        num_blocks: Block ids ``0 .. num_blocks - 1``, all free and never
+            allocated at the start.
+        credits: Credit of each valued class ``1 .. len(credits)``, in
+            released blocks (class 0, :data:`WORTHLESS`, has none: it always
+            goes first).
+    """
+
+    __slots__ = (
+        "_class",
+        "_clock",
+        "_credits",
+        "_deadline",
+        "_fresh_end",
+        "_fresh_start",
+        "_next",
+        "_prev",
+        "_sentinels",
+        "num_classes",
+    )
+
+    def __init__(self, num_blocks: int, credits: Sequence[int]) -> None:
+        self.num_classes = len(credits) + 1
+        if self.num_classes > NOT_FREE:
+            msg = f"at most {NOT_FREE - 1} valued classes, got {len(credits)}"
+            raise ValueError(msg)
+        self._credits = (0, *credits)
+        # One sentinel per class after the blocks: class k's is num_blocks + k.
+        size = num_blocks + self.num_classes
+        self._sentinels = tuple(range(num_blocks, size))
+        self._next = list(range(size))  # sentinels point to themselves: empty
+        self._prev = list(range(size))
+        self._class = bytearray([NOT_FREE]) * num_blocks
+        self._deadline = array("q", bytes(8 * num_blocks))
+        self._fresh_start = 0
+        self._fresh_end = num_blocks
+        self._clock = 0
+
+    # -- the pool's operations --------------------------------------------------------
+
+    def take(self, n: int) -> list[int]:
+        """Remove and return ``n`` free blocks, earliest deadline first.
+
+        The caller guarantees at least ``n`` blocks are free.
+        """
+        out: list[int] = []
+        fresh = min(n, self._fresh_end - self._fresh_start)
+        if fresh:
+            start = self._fresh_start
+            self._fresh_start = start + fresh
+            out.extend(range(start, start + fresh))
+            n -= fresh
+            if not n:
+                return out
+        nxt = self._next
+        prv = self._prev
+        cls = self._class
+        sentinels = self._sentinels
+        # Worthless blocks first, oldest first.
+        sentinel = sentinels[WORTHLESS]
+        block = nxt[sentinel]
+        while n and block != sentinel:
+            out.append(block)
+            cls[block] = NOT_FREE
+            block = nxt[block]
+            n -= 1
+        nxt[sentinel] = block
+        prv[block] = sentinel
+        if not n:
+            return out
+        deadline = self._deadline
+        valued = sentinels[1:]
+        while n:
+            # The class whose head has the earliest deadline, then a run from
+            # it while it stays ahead of every other head.
+            best = -1
+            best_deadline = 0
+            second = None
+            for sentinel in valued:
+                head = nxt[sentinel]
+                if head == sentinel:
+                    continue
+                due = deadline[head]
+                if best < 0 or due < best_deadline:
+                    if best >= 0:
+                        second = best_deadline
+                    best, best_deadline = sentinel, due
+                elif second is None or due < second:
+                    second = due
+            block = nxt[best]
+            while n and block != best and (second is None or deadline[block] <= second):
+                out.append(block)
+                cls[block] = NOT_FREE
+                block = nxt[block]
+                n -= 1
+            nxt[best] = block
+            prv[block] = best
+        return out
+
+    def push(self, block: int, klass: int) -> None:
+        """Make ``block`` free in class ``klass`` (appended at its tail).
+
+        Only valued blocks advance the clock: worthless ones never compete
+        with them, so they must not age them either.
+        """
+        if klass:
+            self._clock += 1
+        self._deadline[block] = self._clock + self._credits[klass]
+        self._class[block] = klass
+        sentinel = self._sentinels[klass]
+        prv = self._prev
+        tail = prv[sentinel]
+        self._next[tail] = block
+        prv[block] = tail
+        self._next[block] = sentinel
+        prv[sentinel] = block
+
+    def remove(self, block: int) -> None:
+        """Take free ``block`` out of its class (a hit revived it)."""
+        nxt = self._next
+        prv = self._prev
+        before = prv[block]
+        after = nxt[block]
+        nxt[before] = after
+        prv[after] = before
+        self._class[block] = NOT_FREE
+
+    def push_after(self, block: int, anchor: int) -> None:
+        """Make ``block`` free right behind free ``anchor``: same class, same deadline."""
+        klass = self._class[anchor]
+        self._class[block] = klass
+        self._deadline[block] = self._deadline[anchor]
+        nxt = self._next
+        after = nxt[anchor]
+        nxt[anchor] = block
+        self._prev[block] = anchor
+        nxt[block] = after
+        self._prev[after] = block
+
+    def move(self, block: int, klass: int) -> None:
+        """Move free ``block`` to the tail of class ``klass`` (its deadline restarts)."""
+        self.remove(block)
+        if klass:
+            self._clock -= 1  # a move is not a release
+        self.push(block, klass)
+
+    # -- inspection -------------------------------------------------------------------
+
+    def class_of(self, block: int) -> int:
+        """The class of free ``block``, or :data:`NOT_FREE`."""
+        return self._class[block]
+
+    def is_free(self, block: int) -> bool:
+        """Whether ``block`` is free (never allocated, or in a class)."""
+        return self._class[block] != NOT_FREE or self._fresh_start <= block < self._fresh_end
+
+    def __iter__(self) -> Iterator[int]:
+        """The free blocks in the order :meth:`take` would hand them out."""
+        yield from range(self._fresh_start, self._fresh_end)
+        nxt = self._next
+        sentinel = self._sentinels[WORTHLESS]
+        block = nxt[sentinel]
+        while block != sentinel:
+            yield block
+            block = nxt[block]
+        heads = {}
+        for sentinel in self._sentinels[1:]:
+            if nxt[sentinel] != sentinel:
+                heads[sentinel] = nxt[sentinel]
+        deadline = self._deadline
+        while heads:
+            sentinel = min(heads, key=lambda s: (deadline[heads[s]], s))
+            block = heads[sentinel]
+            yield block
+            following = nxt[block]
+            if following == sentinel:
+                del heads[sentinel]
+            else:
+                heads[sentinel] = following

@@ -1,0 +1,240 @@
+"""The built-in eviction policies: the credit queues, admission, chains, frequency, cost.
+
+Expected orders are worked out by hand from the rules in
+``kvcore/_eviction/policies.py`` (quoted in each test).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import kvcore
+from kvcore import Request
+from kvcore._eviction.credit import NOT_FREE, WORTHLESS, CreditQueues
+from kvcore._eviction.policies import ValuePolicy
+from kvcore.testing import RandomWorkload, admit
+from kvcore_plugins.full_attention import FullAttentionSpec
+from kvcore_plugins.mamba import MambaSpec
+from kvcore_plugins.sliding_window import SlidingWindowSpec
+
+# -- the credit queues -------------------------------------------------------------------
+
+
+def test_fresh_blocks_then_worthless_then_earliest_deadline():
+    queues = CreditQueues(8, credits=[0, 3])  # class 1: no credit, class 2: 3 releases
+    assert queues.take(5) == [0, 1, 2, 3, 4]
+    queues.push(1, 2)  # clock 1, due 4
+    queues.push(2, 1)  # clock 2, due 2
+    queues.push(3, WORTHLESS)  # no clock
+    queues.push(4, 1)  # clock 3, due 3
+    # Fresh 5..7, then the worthless 3, then by deadline: 2 (2), 4 (3), 1 (4).
+    assert list(queues) == [5, 6, 7, 3, 2, 4, 1]
+    assert queues.take(6) == [5, 6, 7, 3, 2, 4]
+    assert queues.class_of(1) == 2
+    assert queues.class_of(2) == NOT_FREE
+
+
+def test_a_credit_outlives_later_releases_until_its_deadline():
+    queues = CreditQueues(10, credits=[0, 4])
+    queues.take(10)
+    queues.push(9, 2)  # due 1 + 4 = 5
+    for block in (1, 2, 3, 4, 5):  # due 2, 3, 4, 5, 6
+        queues.push(block, 1)
+    # Ties go to the lower class: 4 (due 5, class 1) before 9 (due 5, class 2).
+    assert queues.take(6) == [1, 2, 3, 4, 9, 5]
+
+
+def test_remove_and_move():
+    queues = CreditQueues(6, credits=[0])
+    queues.take(6)
+    for block in (1, 2, 3):
+        queues.push(block, 1)
+    queues.remove(2)
+    assert list(queues) == [1, 3]
+    queues.move(1, WORTHLESS)
+    queues.move(3, 1)  # to the tail of its class, deadline restarted (not a release)
+    assert list(queues) == [1, 3]
+    assert queues.is_free(3)
+    assert not queues.is_free(2)
+
+
+# -- policies on a hybrid pool ------------------------------------------------------------
+
+BS = 4
+
+
+def full() -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def mamba() -> MambaSpec:
+    return MambaSpec(block_size=BS, shapes=((2, 8),), dtypes=("float32",), mamba_cache_mode="align")
+
+
+def window(size: int) -> SlidingWindowSpec:
+    return SlidingWindowSpec(
+        block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=size
+    )
+
+
+@pytest.fixture(scope="module")
+def registry() -> kvcore.Registry:
+    return kvcore.load_registry(only=["full_attention", "mamba", "sliding_window"])
+
+
+def manager_with(registry, specs, num_blocks, **policy_options):
+    config = kvcore.KVCacheConfig.from_specs(num_blocks, specs)
+    policies = []
+
+    def factory(info):
+        policies.append(ValuePolicy(info, **policy_options))
+        return policies[-1]
+
+    manager = kvcore.KVCacheManager(
+        config, 256, registry=registry, hash_algorithm="fast", eviction=factory
+    )
+    return manager, policies[0]
+
+
+def prefill_and_free(manager, request):
+    blocks, num_hit = admit(manager, request)
+    assert blocks is not None
+    manager.free(request)
+    return num_hit
+
+
+def cached_order(pool):
+    return [b for b in pool.free_block_ids() if pool.block_hash(b) is not None]
+
+
+def test_mamba_states_are_kept_only_at_the_prompt_tail_and_checkpoints(registry):
+    # Group 0 full attention, group 1 Mamba, block size 4. A 33-token prompt
+    # caches 8 full blocks and 8 states (after 4, 8, ..., 32 tokens); hits are at
+    # most 32 tokens (prompt - 1, aligned). Tail 8 tokens: hits ending at 24..32
+    # read the states after 24, 28 and 32. Checkpoints: a state costs 1 block, the
+    # prefix 1/4 block per token; at a share of 1/4 that is one every 16 tokens:
+    # the state after 16. The states after 4, 8, 12 and 20 are not admitted.
+    manager, policy = manager_with(
+        registry, [full(), mamba()], 40, tail_tokens=8, checkpoint_share=0.25
+    )
+    request = Request("a", list(range(1, 34)))
+    admit(manager, request)
+    assert policy._checkpoint_interval() == 16
+    full_table, state_table = manager.get_block_ids("a")
+    ends = (4, 8, 12, 16, 20, 24, 28, 32)
+    prefix = dict(zip(ends, full_table, strict=False))
+    state = dict(zip(ends, state_table, strict=False))
+    manager.free(request)  # full attention freed first (tail first), then the states
+    assert cached_order(manager.block_pool) == [
+        # Not admitted: right after the hashless blocks, in the order freed.
+        state[20],
+        state[12],
+        state[8],
+        state[4],
+        # The chain from its tail, each admitted state behind the prefix block
+        # ending at the same token.
+        prefix[32],
+        state[32],
+        prefix[28],
+        state[28],
+        prefix[24],
+        state[24],
+        prefix[20],
+        prefix[16],
+        state[16],
+        prefix[12],
+        prefix[8],
+        prefix[4],
+    ]
+
+
+def test_a_hit_falls_back_to_the_checkpoint_when_the_tail_is_gone(registry):
+    manager, _ = manager_with(registry, [full(), mamba()], 40, tail_tokens=8, checkpoint_share=0.25)
+    prompt = list(range(1, 34))
+    prefill_and_free(manager, Request("a", prompt))
+    pool = manager.block_pool
+    hashless = len(pool.free_block_ids()) - len(cached_order(pool))
+    # Evict the 4 refused states and the chain's last three positions (6 blocks):
+    # the longest hit with a state left now ends at the checkpoint, 16 tokens.
+    pool.get_new_blocks(hashless + 4 + 6)
+    _, num_hit = manager.get_computed_blocks(Request("b", prompt))
+    assert num_hit == 16
+
+
+def test_sliding_window_blocks_kept_for_the_tail_window_only(registry):
+    # Window 8: a hit of E tokens reads the blocks covering [E - 7, E), two
+    # blocks. A 41-token prompt allows hits up to 40; with no tail and no
+    # checkpoints only the hit ending at 40 counts: it reads the window blocks
+    # covering [32, 36) and [36, 40) (indices 8 and 9).
+    manager, _ = manager_with(registry, [full(), window(8)], 60, tail_tokens=0, checkpoint_share=0)
+    request = Request("a", list(range(1, 42)))
+    admit(manager, request)
+    prefix, windows = manager.get_block_ids("a")
+    manager.free(request)
+    assert cached_order(manager.block_pool) == [
+        *[windows[i] for i in range(7, -1, -1)],  # refused, in the order freed
+        prefix[9],
+        windows[9],
+        prefix[8],
+        windows[8],
+        *[prefix[i] for i in range(7, -1, -1)],
+    ]
+    _, num_hit = manager.get_computed_blocks(Request("b", list(range(1, 42))))
+    assert num_hit == 40
+
+
+def test_frequency_keeps_a_hit_block_longer_than_newer_never_hit_ones(make_manager):
+    shared = list(range(1, 9))  # two full blocks of 4
+    orders = {}
+    for policy in ("lru", "frequency"):
+        manager = make_manager(num_blocks=12, block_size=4, eviction=policy)
+        prefill_and_free(manager, Request("a", [*shared, 100]))  # blocks 1, 2 (+3 partial)
+        assert prefill_and_free(manager, Request("b", [*shared, 200])) == 8  # 1, 2 hit; 4
+        prefill_and_free(manager, Request("c", list(range(50, 59))))  # 5, 6 (+7), never hit
+        orders[policy] = cached_order(manager.block_pool)
+    # LRU: freed order, each request's tail first. Frequency: blocks 2 and 1 were
+    # hit once, a credit of one pool turnover (11 releases): due at 14 and 15,
+    # after 6 and 5 (released 5th and 6th, no credit).
+    assert orders["lru"] == [2, 1, 6, 5]
+    assert orders["frequency"] == [6, 5, 2, 1]
+
+
+def test_cost_keeps_a_deeper_chain_longer(make_manager):
+    manager = make_manager(num_blocks=60, block_size=512, max_model_len=20000, eviction="cost")
+    long = Request("long", list(range(16385)))  # blocks 1..33, 32 cached: 16,384 tokens deep
+    short = Request("short", [-1] * 513)  # blocks 34, 35; 34 cached: 512 tokens deep
+    prefill_and_free(manager, long)
+    prefill_and_free(manager, short)
+    # The long chain's depth class is bit_length(16384 // 8192) = 2: a credit of
+    # 2 x 0.25 turnovers of the 59-block pool, 30 releases. Its blocks are freed
+    # tail first at clocks 1..32, due 31..62; the short chain's block at clock 33,
+    # due 33, ties with block 30 and goes first (lower class). LRU would give
+    # [32 .. 1, 34].
+    assert cached_order(manager.block_pool) == [32, 31, 34, *range(30, 0, -1)]
+
+
+# -- every policy keeps every invariant ------------------------------------------------------
+
+CONFIGS = {
+    "full": [full()],
+    "full+sliding_window": [full(), window(9)],
+    "full+mamba": [full(), mamba()],
+    "full+window+mamba": [full(), window(13), mamba()],
+}
+
+
+@pytest.mark.parametrize("policy", ["lru", "admit", "frequency", "cost"])
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_random_traffic_keeps_every_invariant(registry, policy, config):
+    specs = CONFIGS[config]
+    manager = kvcore.KVCacheManager(
+        kvcore.KVCacheConfig.from_specs(30 * len(specs), specs),
+        512,
+        registry=registry,
+        hash_algorithm="fast",
+        eviction=policy,
+    )
+    stats = RandomWorkload(manager, seed=len(config) + len(policy), max_running=6).run(1500)
+    assert stats.hit_tokens > 0
+    assert stats.preemptions > 0
+    assert stats.resets > 0
