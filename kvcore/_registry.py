@@ -367,9 +367,8 @@ class Registry:
         The policies kvcore provides itself are not listed here
         (:func:`kvcore.available_eviction_policies` lists both).
         """
-        return MappingProxyType(
-            {name: claim.record[1] for name, claim in self.claims("kvcore_eviction_policies").items()}  # type: ignore[misc]
-        )
+        claims = self.claims("kvcore_eviction_policies")
+        return MappingProxyType({name: claim.record[1] for name, claim in claims.items()})
 
     # -- planning -----------------------------------------------------------------------
 

@@ -149,6 +149,20 @@ def add_parser(subparsers: Any) -> None:
         "models such as tiny-hybrid, see kvcore.executor, with a small --memory)",
     )
     add_fleet_options(parser)
+    parser.add_argument(
+        "--eviction",
+        default="lru",
+        metavar="NAME",
+        help="eviction policy of the block pool: lru (default, the reference engine's), "
+        "admit, frequency, cost, a plugin's policy, or belady (the offline optimum, "
+        "which knows the trace's future)",
+    )
+    parser.add_argument(
+        "--with-belady",
+        action="store_true",
+        help="replay the workload a second time with the offline optimum (belady) and "
+        "report its hit rate next to the policy's",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--plot",
@@ -187,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
         hash_algorithm=args.hash,
         enable_caching=not args.no_prefix_caching,
         scheduler=scheduler,
+        eviction=args.eviction,
+        with_belady=args.with_belady,
     )
     workload = load_workload(
         args.trace, limit=args.limit, seed=args.seed, skip_bad_lines=args.skip_bad_lines

@@ -8,8 +8,8 @@ cached block is kept once free (its *credit*, see :mod:`kvcore._eviction.credit`
 was dropped) goes before any cached one.
 
 **Admission for suffix groups.** A group whose hit of ``E`` tokens reads
-only the blocks covering ``[skipped_tokens(E), E)`` (a sliding window, a
-Mamba or linear-attention state, a chunked-local chunk) caches a block at
+only some of the tokens before ``E`` (the spec's ``tokens_read(E)``: a
+sliding window, a Mamba or linear-attention state, a chunked-local chunk) caches a block at
 every boundary of every prompt, and nearly all of them are never read: a
 Mamba state is read only by a hit that ends exactly there. Under LRU they
 crowd out the prefix they belong to. So a suffix block is *admitted* (kept
@@ -112,8 +112,8 @@ class ValuePolicy:
         "_interval",
         "_prefix_groups",
         "_queues",
+        "_read_memo",
         "_share",
-        "_skip_memo",
         "_suffix_groups",
         "_tail",
         "_view",
@@ -153,17 +153,17 @@ class ValuePolicy:
         self._tail = tail_tokens
         self._share = checkpoint_share
         self._interval: int | None = None  # computed on first use (needs the managers)
-        self._skip_memo: list[dict[int, int]] = [{} for _ in info.groups]
+        self._read_memo: list[dict[int, tuple[range, ...]]] = [{} for _ in info.groups]
         self._view = info.view
         self._suffix_groups = tuple(
             g
             for g, group in enumerate(info.groups)
-            if group.skipped_tokens is not None and group.prefix_cached
+            if group.tokens_read is not None and group.prefix_cached
         )
         self._prefix_groups = tuple(
             g
             for g, group in enumerate(info.groups)
-            if group.skipped_tokens is None and group.prefix_cached
+            if group.tokens_read is None and group.prefix_cached
         )
         self.admission = admission
         self.follow = follow and self._view is not None and bool(self._suffix_groups)
@@ -259,34 +259,35 @@ class ValuePolicy:
 
     # -- decisions --------------------------------------------------------------------
 
-    def _skipped(self, group: int, hit_end: int) -> int:
-        memo = self._skip_memo[group]
-        value = memo.get(hit_end)
-        if value is None:
-            skipped = self._groups[group].skipped_tokens
-            assert skipped is not None
-            value = memo[hit_end] = skipped(hit_end)
-        return value
+    def _reads(self, group: int, hit_end: int, first: int, stop: int) -> bool:
+        """Whether a hit ending at ``hit_end`` reads tokens of ``[first, stop)`` in ``group``."""
+        memo = self._read_memo[group]
+        ranges = memo.get(hit_end)
+        if ranges is None:
+            tokens_read = self._groups[group].tokens_read
+            assert tokens_read is not None
+            ranges = memo[hit_end] = tokens_read(hit_end)
+        return any(r.start < stop and first < r.stop for r in ranges if r)
 
     def _admitted(self, group: int, first: int, stop: int, num_prompt_tokens: int) -> bool:
         """Whether a likely hit end reads the suffix block covering tokens ``[first, stop)``.
 
-        A hit ending at ``E`` reads it when ``first < E`` and ``skipped(E) <
-        stop``; ``skipped`` never decreases, so for each kind of likely end
-        only the smallest candidate above ``first`` needs checking.
+        The tokens a hit reads move right as the hit grows, so for each kind
+        of likely end only the smallest candidate above ``first`` needs
+        checking: if it does not read the block, no later one does.
         """
         align = self._align
         last_end = (num_prompt_tokens - 1) // align * align  # longest hit on this prompt
         after = (first // align + 1) * align  # first aligned end past ``first``
         candidate = max(after, max(0, last_end - self._tail) // align * align)
-        if candidate <= last_end and self._skipped(group, candidate) < stop:
+        if candidate <= last_end and self._reads(group, candidate, first, stop):
             return True
         interval = self._interval
         if interval is None:
             interval = self._interval = self._checkpoint_interval()
         if interval:
             candidate = (first // interval + 1) * interval
-            if candidate <= last_end and self._skipped(group, candidate) < stop:
+            if candidate <= last_end and self._reads(group, candidate, first, stop):
                 return True
         return False
 
@@ -304,10 +305,14 @@ class ValuePolicy:
         for info in self._groups:
             if not info.prefix_cached:
                 continue
-            if info.skipped_tokens is None:
+            if info.tokens_read is None:
                 per_token += 1 / info.block_size
             else:
-                cost += -(-(probe - info.skipped_tokens(probe)) // info.block_size)
+                ranges = [r for r in info.tokens_read(probe) if r]
+                if ranges:  # the blocks of the part that ends at the hit
+                    last = ranges[-1]
+                    size = info.block_size
+                    cost += (last.stop - 1) // size - last.start // size + 1
         if not cost or not per_token or self._share <= 0:
             return 0
         align = self._align

@@ -18,7 +18,7 @@ import attrs
 
 from kvcore._trace import MOONCAKE_BLOCK_TOKENS, TraceRequest
 
-__all__ = ["Ceiling", "prefix_reuse_ceiling"]
+__all__ = ["Ceiling", "prefix_reuse_ceiling", "prefix_reuse_hits"]
 
 
 @attrs.frozen
@@ -105,6 +105,21 @@ def _mooncake_prefix_hits(requests: Iterable[TraceRequest], block_size: int) -> 
     return hits
 
 
+def prefix_reuse_hits(requests: Sequence[TraceRequest], block_size: int) -> list[int]:
+    """Per request, the prompt tokens an unbounded prefix cache would serve, in arrival order.
+
+    Each is a multiple of ``block_size`` and at most ``input_length - 1``.
+    Uses the hash ids when every request is in the Mooncake format, token ids
+    otherwise (both give the same answer).
+    """
+    if block_size < 1:
+        msg = f"block_size must be >= 1, got {block_size}"
+        raise ValueError(msg)
+    if all(r.hash_ids is not None for r in requests):
+        return _mooncake_prefix_hits(requests, block_size)
+    return _token_prefix_hits((r.prompt_token_ids for r in requests), block_size)
+
+
 def prefix_reuse_ceiling(requests: Sequence[TraceRequest], block_size: int) -> Ceiling:
     """The prompt tokens an unbounded prefix cache would serve, in arrival order.
 
@@ -117,13 +132,7 @@ def prefix_reuse_ceiling(requests: Sequence[TraceRequest], block_size: int) -> C
         The ceiling. Uses the hash ids directly when every request is in the
         Mooncake format, token ids otherwise (both give the same answer).
     """
-    if block_size < 1:
-        msg = f"block_size must be >= 1, got {block_size}"
-        raise ValueError(msg)
-    if all(r.hash_ids is not None for r in requests):
-        hits = _mooncake_prefix_hits(requests, block_size)
-    else:
-        hits = _token_prefix_hits((r.prompt_token_ids for r in requests), block_size)
+    hits = prefix_reuse_hits(requests, block_size)
     return Ceiling(
         block_size=block_size,
         prompt_tokens=sum(r.input_length for r in requests),

@@ -16,7 +16,15 @@ from collections.abc import Sequence
 
 import attrs
 
-__all__ = ["OP_KINDS", "OpTimes", "Sample", "Sampler", "percentile", "timer_overhead_ns"]
+__all__ = [
+    "OP_KINDS",
+    "OpSummary",
+    "OpTimes",
+    "Sample",
+    "Sampler",
+    "percentile",
+    "timer_overhead_ns",
+]
 
 #: Manager operations timed separately, in report order.
 OP_KINDS = ("lookup", "admit", "prefill", "decode", "free", "preempt")
@@ -41,6 +49,25 @@ def percentile(sorted_values: Sequence[int] | Sequence[float], fraction: float) 
     return float(sorted_values[rank])
 
 
+@attrs.frozen(kw_only=True)
+class OpSummary:
+    """Durations of one kind of manager call.
+
+    Attributes:
+        count: Calls.
+        total_ms: Their total, in milliseconds.
+        mean_us: Mean, in microseconds.
+        p50_us: Median, in microseconds.
+        p99_us: 99th percentile, in microseconds.
+    """
+
+    count: int
+    total_ms: float
+    mean_us: float
+    p50_us: float
+    p99_us: float
+
+
 class OpTimes:
     """Durations of one kind of manager operation, in nanoseconds."""
 
@@ -49,18 +76,18 @@ class OpTimes:
     def __init__(self) -> None:
         self.durations = array("q")
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> OpSummary:
         """Count, total (ms) and mean / p50 / p99 (µs)."""
         values = sorted(self.durations)
         count = len(values)
         total = sum(values)
-        return {
-            "count": count,
-            "total_ms": total / 1e6,
-            "mean_us": total / count / 1e3 if count else 0.0,
-            "p50_us": percentile(values, 0.50) / 1e3,
-            "p99_us": percentile(values, 0.99) / 1e3,
-        }
+        return OpSummary(
+            count=count,
+            total_ms=total / 1e6,
+            mean_us=total / count / 1e3 if count else 0.0,
+            p50_us=percentile(values, 0.50) / 1e3,
+            p99_us=percentile(values, 0.99) / 1e3,
+        )
 
 
 @attrs.frozen

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvcore._sim.report import SimulationReport
+from kvcore._sim.report import GroupUse, SimulationReport
 from kvcore.errors import KVCoreError
 
 __all__ = ["PlotUnavailableError", "plot_report"]
@@ -46,18 +46,17 @@ def plot_report(report: SimulationReport, path: str | Path) -> None:
 
 
 def _draw(plt: Any, report: SimulationReport, path: str | Path) -> None:
-    data = report.data
     samples = report.samples
-    usable = data["blocks"]["usable"] or 1
+    usable = report.blocks.usable or 1
     times = [s.time_s for s in samples]
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.4), sharex=True)
     top.plot(times, [100 * s.used_blocks / usable for s in samples], color="black", label="pool")
     # Groups with the same series (the groups of one windowed type, strided
     # over a model's layers, hold the same blocks at every step) are one line
     # labelled with all of them.
-    series: dict[tuple[int, ...], list[dict[str, Any]]] = {}
-    for group in data["blocks"]["groups"]:
-        values = tuple(s.group_blocks[group["group"]] for s in samples)
+    series: dict[tuple[int, ...], list[GroupUse]] = {}
+    for group in report.blocks.groups:
+        values = tuple(s.group_blocks[group.group] for s in samples)
         series.setdefault(values, []).append(group)
     styles = ("-", "--", ":", "-.")
     for number, (values, groups) in enumerate(series.items()):
@@ -73,11 +72,17 @@ def _draw(plt: Any, report: SimulationReport, path: str | Path) -> None:
     top.set_ylim(0, 105)
     top.legend(loc="upper left")
     top.grid(alpha=0.3)
-    prefix = data["prefix_cache"]
     bottom.plot(times, [100 * s.hit_rate for s in samples], color="tab:blue", label="hit rate")
     bottom.axhline(
-        100 * prefix["ceiling_rate"], color="tab:blue", linestyle="--", label="ceiling (final)"
+        100 * report.prefix_cache.ceiling_rate,
+        color="tab:blue",
+        linestyle="--",
+        label="ceiling (final)",
     )
+    if report.belady_rate is not None:
+        bottom.axhline(
+            100 * report.belady_rate, color="tab:purple", linestyle=":", label="belady (final)"
+        )
     bottom.set_ylabel("prompt tokens hit (%)")
     bottom.set_ylim(0, 100)
     bottom.set_xlabel("simulated time (s)")
@@ -91,10 +96,10 @@ def _draw(plt: Any, report: SimulationReport, path: str | Path) -> None:
     lines = bottom.get_legend_handles_labels()
     more = queue.get_legend_handles_labels()
     bottom.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left", ncol=2)
-    source = data["workload"]["name"]
-    if data["workload"]["seed"] is None:  # a trace file: its name is enough
+    source = report.workload.name
+    if report.workload.seed is None:  # a trace file: its name is enough
         source = Path(source).name
-    figure.suptitle(f"kvcore simulate {data['model']}: {source}")
+    figure.suptitle(f"kvcore simulate {report.model} ({report.eviction.policy}): {source}")
     figure.tight_layout()
     try:
         figure.savefig(path, dpi=150)
@@ -105,10 +110,10 @@ def _draw(plt: Any, report: SimulationReport, path: str | Path) -> None:
         plt.close(figure)
 
 
-def _group_label(groups: list[dict[str, Any]]) -> str:
+def _group_label(groups: list[GroupUse]) -> str:
     """``group 1 (full_attention)``, or ``groups 0-5 (sliding_window, each)`` for equal series."""
-    kinds = sorted({group["kind"] for group in groups})
-    indices = [group["group"] for group in groups]
+    kinds = sorted({group.kind for group in groups})
+    indices = [group.group for group in groups]
     if len(indices) == 1:
         return f"group {indices[0]} ({kinds[0]})"
     contiguous = indices == list(range(indices[0], indices[-1] + 1))

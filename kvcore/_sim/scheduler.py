@@ -113,12 +113,22 @@ class SimRequest:
         num_output: Output tokens produced so far.
         first_hit: Cache-hit tokens at its first admission (``None`` before).
         finished: Whether it has finished and been freed.
+        index: Position in the workload's arrival order.
     """
 
-    __slots__ = ("finished", "first_hit", "num_output", "output_target", "request", "trace")
+    __slots__ = (
+        "finished",
+        "first_hit",
+        "index",
+        "num_output",
+        "output_target",
+        "request",
+        "trace",
+    )
 
-    def __init__(self, trace: TraceRequest, output_target: int) -> None:
+    def __init__(self, trace: TraceRequest, output_target: int, index: int = 0) -> None:
         self.trace = trace
+        self.index = index
         self.request: Request | None = None
         self.output_target = output_target
         self.num_output = 0
@@ -138,6 +148,8 @@ class Scheduler:
         on_step: Called with every step's ``(request, tokens scheduled)``
             pairs after the step's allocations and before it runs (how
             ``--execute`` computes each step).
+        on_lookup: Called with each waiting request just before its cache
+            lookup (the offline oracle follows the replay through it).
     """
 
     def __init__(
@@ -148,9 +160,11 @@ class Scheduler:
         *,
         sample_capacity: int = 512,
         on_step: Callable[[Sequence[tuple[Request, int]]], None] | None = None,
+        on_lookup: Callable[[SimRequest], None] | None = None,
     ) -> None:
         self.manager = manager
         self.on_step = on_step
+        self.on_lookup = on_lookup
         self.config = config
         self.requests = requests
         self.pending: deque[SimRequest] = deque(requests)
@@ -249,12 +263,15 @@ class Scheduler:
         if not preempted:
             get_computed_blocks = manager.get_computed_blocks
             max_num_seqs = self.config.max_num_seqs
+            on_lookup = self.on_lookup
             while waiting and budget > 0 and len(running) < max_num_seqs:
                 entry = waiting[0]
                 request = entry.request
                 if request is None:
                     trace = entry.trace
                     request = entry.request = Request(trace.request_id, trace.prompt_token_ids)
+                if on_lookup is not None:
+                    on_lookup(entry)
                 start = clock()
                 hit_blocks, num_hit = get_computed_blocks(request)
                 elapsed = clock() - start - overhead

@@ -9,23 +9,42 @@ from typing import Any
 
 import attrs
 
+from kvcore._eviction.registry import resolve_policy
 from kvcore._hashing import HASH_ALGORITHMS
 from kvcore._kv_cache_manager import KVCacheManager
 from kvcore._planning.plan import KVCachePlan
 from kvcore._planning.plan import plan as make_plan
 from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
-from kvcore._sim.ceiling import prefix_reuse_ceiling
+from kvcore._sim.belady import BeladyPolicy, FutureUses
+from kvcore._sim.ceiling import prefix_reuse_hits
 from kvcore._sim.metrics import OP_KINDS, percentile
-from kvcore._sim.report import SimulationReport
+from kvcore._sim.report import (
+    BlockUse,
+    EvictionResult,
+    GroupPlan,
+    GroupUse,
+    ManagerTime,
+    PlanSummary,
+    Preemptions,
+    PrefixCacheResult,
+    SchedulerSummary,
+    SimulationReport,
+    StepStats,
+    Timing,
+    WorkloadSummary,
+)
 from kvcore._sim.scheduler import Scheduler, SchedulerConfig, SimRequest
 from kvcore._sim.workload import Workload
 from kvcore.errors import InvalidConfigError
+from kvcore.eviction import EvictionPolicyFactory, PoolInfo
 
 __all__ = ["DEFAULT_MODEL", "SimulationOptions", "simulate"]
 
 #: The model of ``kvcore simulate`` without arguments: hybrid (sliding window + full).
 DEFAULT_MODEL = "gpt-oss-20b"
+#: The offline eviction oracle, available in the simulator only.
+BELADY = "belady"
 
 
 def _hash_algorithm(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -51,6 +70,10 @@ class SimulationOptions:
         enable_caching: Prefix caching on (off: every prompt is computed in
             full; the ceiling is still reported).
         scheduler: Scheduler limits and step cost.
+        eviction: The pool's eviction policy: a name (``"belady"``: the
+            offline oracle, here only) or a factory.
+        with_belady: Also replay with the offline oracle and report its hit
+            rate next to the policy's (twice the time).
     """
 
     model: str = DEFAULT_MODEL
@@ -62,23 +85,79 @@ class SimulationOptions:
     hash_algorithm: str = attrs.field(default="fast", validator=_hash_algorithm)
     enable_caching: bool = True
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
+    eviction: str | EvictionPolicyFactory = "lru"
+    with_belady: bool = False
 
 
-def _group_rows(config: Any, registry: Registry) -> list[dict[str, Any]]:
-    rows = []
-    for group in config.kv_cache_groups:
-        spec = group.kv_cache_spec
-        rows.append(
-            {
-                "kind": spec.kind,
-                "spec": type(spec).__name__,
-                "layers": len(group.layer_names),
-                "block_size": spec.block_size,
-                "page_size_bytes": spec.page_size_bytes,
-                "prefix_cached": registry.manager_class(spec).is_prefix_cacheable(spec),
-            }
+def _group_plans(config: Any, registry: Registry) -> tuple[GroupPlan, ...]:
+    return tuple(
+        GroupPlan(
+            kind=group.kv_cache_spec.kind,
+            spec=type(group.kv_cache_spec).__name__,
+            layers=len(group.layer_names),
+            block_size=group.kv_cache_spec.block_size,
+            page_size_bytes=group.kv_cache_spec.page_size_bytes,
+            prefix_cached=registry.manager_class(group.kv_cache_spec).is_prefix_cacheable(
+                group.kv_cache_spec
+            ),
         )
-    return rows
+        for group in config.kv_cache_groups
+    )
+
+
+@attrs.frozen
+class _Replay:
+    """One replay's manager and scheduler, after the run."""
+
+    manager: KVCacheManager
+    scheduler: Scheduler
+
+
+def _replay(
+    plan: KVCachePlan,
+    registry: Registry,
+    options: SimulationOptions,
+    accepted: list[SimRequest],
+    ceiling_hits: list[int],
+    eviction: str | EvictionPolicyFactory,
+    progress: Callable[[Scheduler], None] | None,
+    attach: Callable[[KVCachePlan, KVCacheManager], Callable[..., None]] | None = None,
+) -> _Replay:
+    """Build a manager with ``eviction`` and run the scheduler over ``accepted``."""
+    oracle: list[BeladyPolicy] = []
+    if eviction == BELADY:
+
+        def eviction(info: PoolInfo) -> BeladyPolicy:
+            oracle.append(BeladyPolicy(info))
+            return oracle[-1]
+
+    manager = KVCacheManager(
+        plan.kv_cache_config,
+        plan.max_model_len,
+        registry=registry,
+        hash_algorithm=options.hash_algorithm,
+        enable_caching=options.enable_caching,
+        eviction=eviction,
+    )
+    on_lookup = None
+    if oracle:
+        (belady,) = oracle
+        uses = belady.uses = FutureUses(
+            [r.trace for r in accepted],
+            ceiling_hits,
+            belady.groups,
+            manager.hash_block_size,
+            options.hash_algorithm,
+        )
+
+        def on_lookup(entry: SimRequest) -> None:
+            uses.now = max(uses.now, entry.index)
+
+    fresh = [SimRequest(r.trace, r.output_target, r.index) for r in accepted]
+    on_step = attach(plan, manager) if attach is not None else None
+    scheduler = Scheduler(manager, options.scheduler, fresh, on_lookup=on_lookup, on_step=on_step)
+    scheduler.run(progress)
+    return _Replay(manager, scheduler)
 
 
 def simulate(
@@ -97,21 +176,27 @@ def simulate(
 
     Args:
         workload: The requests.
-        options: Model, memory and scheduler (default :class:`SimulationOptions()`).
-        registry: Plugins to serve the groups (default: every installed plugin).
+        options: Model, memory, scheduler and eviction policy (default
+            :class:`SimulationOptions()`).
+        registry: Plugins to serve the groups, and to provide eviction
+            policies (default: every installed plugin).
         progress: Called periodically with the scheduler (progress display).
         attach: Called with the plan and the manager before the replay; the
             callable it returns gets every step's scheduled requests (how
-            ``--execute`` runs the steps).
+            ``--execute`` runs the steps). Not attached to the oracle's
+            replay (``with_belady``).
 
     Raises:
-        KVCoreError: an unknown model, memory below one ``max_model_len``
-            request, no request short enough for ``max_model_len``, a request
-            the pool cannot hold.
+        KVCoreError: an unknown model or eviction policy, memory below one
+            ``max_model_len`` request, no request short enough for
+            ``max_model_len``, a request the pool cannot hold.
     """
     options = options or SimulationOptions()
     started = time.perf_counter()
     registry = registry if registry is not None else load_registry()
+    eviction = options.eviction
+    if eviction != BELADY:
+        eviction = resolve_policy(eviction, registry.eviction_policies)
     plan = make_plan(
         options.model,
         memory=options.memory,
@@ -124,8 +209,8 @@ def simulate(
     )
     config = plan.kv_cache_config
     max_model_len = plan.max_model_len
-    groups = _group_rows(config, registry)
-    never_cached = sorted({g["kind"] for g in groups if not g["prefix_cached"]})
+    groups = _group_plans(config, registry)
+    never_cached = sorted({g.kind for g in groups if not g.prefix_cached})
     if options.enable_caching and never_cached:
         msg = (
             f"{options.model} has KV cache groups that are never prefix-cached "
@@ -133,13 +218,6 @@ def simulate(
             "simulate it with prefix caching off (--no-prefix-caching)"
         )
         raise InvalidConfigError(msg)
-    manager = KVCacheManager(
-        config,
-        max_model_len,
-        registry=registry,
-        hash_algorithm=options.hash_algorithm,
-        enable_caching=options.enable_caching,
-    )
 
     accepted: list[SimRequest] = []
     rejected = capped = 0
@@ -150,7 +228,7 @@ def simulate(
             continue
         if trace.output_length > room:
             capped += 1
-        accepted.append(SimRequest(trace, min(trace.output_length, room)))
+        accepted.append(SimRequest(trace, min(trace.output_length, room), len(accepted)))
     if workload.requests and not accepted:
         longest = max(r.input_length for r in workload.requests)
         msg = (
@@ -159,104 +237,112 @@ def simulate(
             "raise --max-model-len, or --memory if max_model_len was lowered to fit it"
         )
         raise InvalidConfigError(msg)
-    cacheable = [g["block_size"] for g in groups if g["prefix_cached"]]
+    cacheable = [g.block_size for g in groups if g.prefix_cached]
     granularity = math.lcm(*cacheable) if cacheable else 1
-    ceiling = prefix_reuse_ceiling([r.trace for r in accepted], granularity)
-
-    on_step = attach(plan, manager) if attach is not None else None
-    scheduler = Scheduler(manager, options.scheduler, accepted, on_step=on_step)
+    ceiling_hits = prefix_reuse_hits([r.trace for r in accepted], granularity)
     setup_s = time.perf_counter() - started
-    replay_started = time.perf_counter()
-    scheduler.run(progress)
-    replay_s = time.perf_counter() - replay_started
 
-    op_summaries = {kind: t.summary() for kind, t in zip(OP_KINDS, scheduler.op_times, strict=True)}
+    replay_started = time.perf_counter()
+    run = _replay(plan, registry, options, accepted, ceiling_hits, eviction, progress, attach)
+    replay_s = time.perf_counter() - replay_started
+    belady_hit_tokens = None
+    if options.with_belady and options.enable_caching:
+        if eviction == BELADY:
+            belady_hit_tokens = run.scheduler.hit_tokens
+        else:
+            oracle_run = _replay(plan, registry, options, accepted, ceiling_hits, BELADY, progress)
+            belady_hit_tokens = oracle_run.scheduler.hit_tokens
+
+    scheduler = run.scheduler
     manager_ns = sum(sum(t.durations) for t in scheduler.op_times)
     per_step = sorted(scheduler.step_manager_ns)
     steps = scheduler.step_count
     samples = tuple(scheduler.sampler.samples)
-    usable = scheduler.usable_blocks
-    group_stats = []
+    group_use = []
     for index, group in enumerate(groups):
         held = [s.group_blocks[index] for s in samples]
-        group_stats.append(
-            {
-                "group": index,
-                "kind": group["kind"],
-                "peak": max(held, default=0),
-                "mean": sum(held) / len(held) if held else 0.0,
-            }
+        group_use.append(
+            GroupUse(
+                group=index,
+                kind=group.kind,
+                peak=max(held, default=0),
+                mean=sum(held) / len(held) if held else 0.0,
+            )
         )
-    hit_rate = scheduler.hit_tokens / scheduler.prompt_tokens if scheduler.prompt_tokens else 0.0
-    data: dict[str, Any] = {
-        "model": options.model,
-        "workload": {
-            "name": workload.name,
-            "seed": workload.seed,
-            "requests": len(workload.requests),
-            "bad_lines": len(workload.bad_lines),
-            "rejected_too_long": rejected,
-            "output_capped": capped,
-            "prompt_tokens": sum(r.trace.input_length for r in accepted),
-            "output_tokens": sum(r.output_target for r in accepted),
-        },
-        "plan": {
-            "memory": options.memory,
-            "num_blocks": config.num_blocks,
-            "max_model_len": max_model_len,
-            "groups": groups,
-        },
-        "scheduler": {
+    policy_name = (
+        options.eviction
+        if isinstance(options.eviction, str)
+        else getattr(options.eviction, "__name__", type(options.eviction).__name__)
+    )
+    return SimulationReport(
+        model=options.model,
+        workload=WorkloadSummary(
+            name=workload.name,
+            seed=workload.seed,
+            requests=len(workload.requests),
+            bad_lines=len(workload.bad_lines),
+            rejected_too_long=rejected,
+            output_capped=capped,
+            prompt_tokens=sum(r.trace.input_length for r in accepted),
+            output_tokens=sum(r.output_target for r in accepted),
+        ),
+        plan=PlanSummary(
+            memory=options.memory,
+            num_blocks=config.num_blocks,
+            max_model_len=max_model_len,
+            groups=groups,
+        ),
+        scheduler=SchedulerSummary(
             **attrs.asdict(options.scheduler),
-            "hash_algorithm": options.hash_algorithm,
-            "prefix_caching": options.enable_caching,
-        },
-        "finished": scheduler.num_finished,
-        "prefix_cache": {
-            "hit_tokens": scheduler.hit_tokens,
-            "prompt_tokens": scheduler.prompt_tokens,
-            "hit_rate": hit_rate,
-            "ceiling_tokens": ceiling.reusable_tokens,
-            "ceiling_rate": ceiling.rate,
-            "ceiling_block_size": granularity,
-            "fraction_of_ceiling": hit_rate / ceiling.rate if ceiling.rate else 1.0,
-        },
-        "preemptions": {
-            "count": scheduler.num_preemptions,
-            "requests": len(scheduler.preempted_ids),
-            "lost_tokens": scheduler.lost_tokens,
-            "resume_hit_tokens": scheduler.resume_hit_tokens,
-        },
-        "blocks": {
-            "usable": usable,
-            "peak": scheduler.peak_used_blocks,
-            "mean": scheduler.sum_used_blocks / steps if steps else 0.0,
-            "peak_usage": scheduler.peak_used_blocks / usable if usable else 0.0,
-            "mean_usage": scheduler.sum_used_blocks / steps / usable if steps and usable else 0.0,
-            "groups": group_stats,
-            "samples": len(samples),
-            "sample_interval_steps": scheduler.sampler.interval,
-        },
-        "steps": {
-            "count": steps,
-            "with_prefill": scheduler.prefill_steps,
-            "scheduled_tokens": scheduler.scheduled_tokens,
-            "simulated_s": scheduler.clock_ms / 1000.0,
-            "mean_running": scheduler.sum_running / steps if steps else 0.0,
-        },
-        "manager": {
-            "total_s": manager_ns / 1e9,
-            "per_step_mean_us": manager_ns / steps / 1e3 if steps else 0.0,
-            "per_step_p50_us": percentile(per_step, 0.50) / 1e3,
-            "per_step_p99_us": percentile(per_step, 0.99) / 1e3,
-            "ops": op_summaries,
-        },
-        "timing": {
-            "total_s": time.perf_counter() - started,
-            "setup_s": setup_s,
-            "replay_s": replay_s,
-            "simulator_overhead_s": replay_s - manager_ns / 1e9,
-            "timer_overhead_ns": scheduler.timer_overhead_ns,
-        },
-    }
-    return SimulationReport(data=data, samples=samples)
+            hash_algorithm=options.hash_algorithm,
+            prefix_caching=options.enable_caching,
+        ),
+        eviction=EvictionResult(
+            policy=policy_name,
+            evicted_blocks=run.manager.block_pool.num_evicted,
+            belady_hit_tokens=belady_hit_tokens,
+        ),
+        finished=scheduler.num_finished,
+        prefix_cache=PrefixCacheResult(
+            hit_tokens=scheduler.hit_tokens,
+            prompt_tokens=scheduler.prompt_tokens,
+            ceiling_tokens=sum(ceiling_hits),
+            ceiling_block_size=granularity,
+        ),
+        preemptions=Preemptions(
+            count=scheduler.num_preemptions,
+            requests=len(scheduler.preempted_ids),
+            lost_tokens=scheduler.lost_tokens,
+            resume_hit_tokens=scheduler.resume_hit_tokens,
+        ),
+        blocks=BlockUse(
+            usable=scheduler.usable_blocks,
+            peak=scheduler.peak_used_blocks,
+            mean=scheduler.sum_used_blocks / steps if steps else 0.0,
+            groups=tuple(group_use),
+            samples=len(samples),
+            sample_interval_steps=scheduler.sampler.interval,
+        ),
+        steps=StepStats(
+            count=steps,
+            with_prefill=scheduler.prefill_steps,
+            scheduled_tokens=scheduler.scheduled_tokens,
+            simulated_s=scheduler.clock_ms / 1000.0,
+            mean_running=scheduler.sum_running / steps if steps else 0.0,
+        ),
+        manager=ManagerTime(
+            total_s=manager_ns / 1e9,
+            per_step_mean_us=manager_ns / steps / 1e3 if steps else 0.0,
+            per_step_p50_us=percentile(per_step, 0.50) / 1e3,
+            per_step_p99_us=percentile(per_step, 0.99) / 1e3,
+            ops={kind: t.summary() for kind, t in zip(OP_KINDS, scheduler.op_times, strict=True)},
+        ),
+        timing=Timing(
+            total_s=time.perf_counter() - started,
+            setup_s=setup_s,
+            replay_s=replay_s,
+            simulator_overhead_s=replay_s - manager_ns / 1e9,
+            timer_overhead_ns=scheduler.timer_overhead_ns,
+        ),
+        samples=samples,
+    )

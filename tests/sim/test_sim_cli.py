@@ -37,6 +37,52 @@ def test_simulate_json_and_seed(capsys):
     assert set(first["timeline"]) >= {"time_s", "used_blocks", "group_blocks", "hit_rate"}
 
 
+def test_json_sections_and_the_eviction_policy(capsys):
+    data = run_json(capsys, *SMALL, "--eviction", "frequency")
+    assert set(data) == {
+        "model",
+        "workload",
+        "plan",
+        "scheduler",
+        "eviction",
+        "finished",
+        "prefix_cache",
+        "preemptions",
+        "blocks",
+        "steps",
+        "manager",
+        "timing",
+        "timeline",
+    }
+    # The sections that existed before the eviction policies keep their keys.
+    assert set(data["prefix_cache"]) == {
+        "hit_tokens",
+        "prompt_tokens",
+        "hit_rate",
+        "ceiling_tokens",
+        "ceiling_rate",
+        "ceiling_block_size",
+        "fraction_of_ceiling",
+    }
+    assert set(data["blocks"]) >= {"usable", "peak", "mean", "peak_usage", "mean_usage"}
+    assert set(data["manager"]["ops"]["decode"]) == {
+        "count",
+        "total_ms",
+        "mean_us",
+        "p50_us",
+        "p99_us",
+    }
+    assert data["eviction"]["policy"] == "frequency"
+    assert data["eviction"]["belady_hit_tokens"] is None
+    assert data["eviction"]["evicted_blocks"] >= 0
+
+
+def test_the_text_report_names_the_policy_and_the_optimum(capsys):
+    assert main(["simulate", *SMALL, "--eviction", "admit", "--with-belady"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"  eviction     admit: [\d,]+ cached blocks evicted; offline optimum", out)
+
+
 def test_progress_bar_is_quiet_when_piped(capsys):
     main(["simulate", *SMALL])
     assert capsys.readouterr().err == ""
@@ -103,6 +149,7 @@ def test_malformed_line_stops_with_file_line_and_reason(tmp_path, capsys):
         (["--memory", "10MiB", "--max-model-len", "32768"], "give at least 963.75 MiB"),
         (["--memory", "10MiB"], "too long for max_model_len=192"),
         (["--only", "nope"], "nope"),
+        (["--eviction", "lfu"], "unknown eviction policy 'lfu'. Available: lru, admit"),
     ],
 )
 def test_bad_input_is_one_line_with_exit_status_2(capsys, argv, message):

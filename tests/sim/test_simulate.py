@@ -30,25 +30,23 @@ def test_report_fields_add_up():
     report = simulate(
         load_workload(limit=200), SimulationOptions(memory="1GiB", max_model_len=32768)
     )
-    data = report.data
-    assert data["finished"] == 200
-    pc = data["prefix_cache"]
-    assert 0 < pc["hit_rate"] <= pc["ceiling_rate"] < 1
-    assert pc["hit_tokens"] <= pc["ceiling_tokens"]
-    assert pc["prompt_tokens"] == data["workload"]["prompt_tokens"]
-    ops = data["manager"]["ops"]
-    assert ops["lookup"]["count"] == ops["admit"]["count"] >= 200
-    assert ops["free"]["count"] == 200
-    assert ops["preempt"]["count"] == data["preemptions"]["count"]
-    assert ops["decode"]["count"] > 0
-    assert data["blocks"]["peak"] <= data["blocks"]["usable"]
-    assert sorted(g["kind"] for g in data["blocks"]["groups"]) == [
-        "full_attention",
-        "sliding_window",
-    ]
-    assert data["steps"]["count"] >= max(r.output_length for r in load_workload(limit=200).requests)
+    assert report.finished == 200
+    pc = report.prefix_cache
+    assert 0 < pc.hit_rate <= pc.ceiling_rate < 1
+    assert pc.hit_tokens <= pc.ceiling_tokens
+    assert pc.prompt_tokens == report.workload.prompt_tokens
+    ops = report.manager.ops
+    assert ops["lookup"].count == ops["admit"].count >= 200
+    assert ops["free"].count == 200
+    assert ops["preempt"].count == report.preemptions.count
+    assert ops["decode"].count > 0
+    assert report.blocks.peak <= report.blocks.usable
+    assert sorted(g.kind for g in report.blocks.groups) == ["full_attention", "sliding_window"]
+    assert report.steps.count >= max(r.output_length for r in load_workload(limit=200).requests)
+    assert report.eviction.policy == "lru"
+    assert report.eviction.belady_hit_tokens is None
     timeline = report.to_dict()["timeline"]
-    assert len(timeline["step"]) == data["blocks"]["samples"] > 10
+    assert len(timeline["step"]) == report.blocks.samples > 10
     text = format_report(report)
     assert "prefix hits" in text
     assert "unbounded-cache ceiling" in text
@@ -58,12 +56,13 @@ def test_report_fields_add_up():
 
 def test_small_memory_preempts_and_lowers_the_hit_rate():
     workload = load_workload(limit=300)
-    roomy = simulate(workload, SimulationOptions(memory="8GiB", max_model_len=32768)).data
-    tight = simulate(workload, SimulationOptions(memory="1GiB", max_model_len=32768)).data
-    assert roomy["preemptions"]["count"] == 0
-    assert tight["preemptions"]["count"] > 0
-    assert tight["finished"] == roomy["finished"] == 300
-    assert tight["prefix_cache"]["hit_rate"] < roomy["prefix_cache"]["hit_rate"]
+    roomy = simulate(workload, SimulationOptions(memory="8GiB", max_model_len=32768))
+    tight = simulate(workload, SimulationOptions(memory="1GiB", max_model_len=32768))
+    assert roomy.preemptions.count == 0
+    assert tight.preemptions.count > 0
+    assert tight.finished == roomy.finished == 300
+    assert tight.prefix_cache.hit_rate < roomy.prefix_cache.hit_rate
+    assert tight.eviction.evicted_blocks > roomy.eviction.evicted_blocks
 
 
 def test_too_long_prompts_are_rejected_and_outputs_capped():
@@ -75,11 +74,11 @@ def test_too_long_prompts_are_rejected_and_outputs_capped():
             explicit("too-long", range(2000, 2128), 1),
         ),
     )
-    data = simulate(workload, SimulationOptions(model="llama-3-8b", max_model_len=128)).data
-    assert data["workload"]["rejected_too_long"] == 1
-    assert data["workload"]["output_capped"] == 1
-    assert data["finished"] == 2
-    assert data["workload"]["output_tokens"] == 10 + 38
+    report = simulate(workload, SimulationOptions(model="llama-3-8b", max_model_len=128))
+    assert report.workload.rejected_too_long == 1
+    assert report.workload.output_capped == 1
+    assert report.finished == 2
+    assert report.workload.output_tokens == 10 + 38
 
 
 def test_memory_too_small_states_the_minimum():
@@ -95,12 +94,12 @@ def test_every_request_too_long_is_an_error():
 
 
 def test_prefix_caching_off_hits_nothing():
-    data = simulate(
+    report = simulate(
         load_workload(limit=100), SimulationOptions(memory="2GiB", enable_caching=False)
-    ).data
-    assert data["prefix_cache"]["hit_tokens"] == 0
-    assert data["prefix_cache"]["ceiling_rate"] > 0.3
-    assert data["finished"] == 100
+    )
+    assert report.prefix_cache.hit_tokens == 0
+    assert report.prefix_cache.ceiling_rate > 0.3
+    assert report.finished == 100
 
 
 def test_a_model_with_uncacheable_groups_needs_caching_off():
@@ -110,7 +109,7 @@ def test_a_model_with_uncacheable_groups_needs_caching_off():
 
 def test_no_hybrid_plans_windowed_layers_as_full_attention():
     workload = load_workload(limit=50)
-    data = simulate(workload, SimulationOptions(memory="2GiB", hybrid=False)).data
-    assert [g["kind"] for g in data["plan"]["groups"]] == ["full_attention"]
-    assert data["plan"]["groups"][0]["layers"] == 24
-    assert data["finished"] == 50
+    report = simulate(workload, SimulationOptions(memory="2GiB", hybrid=False))
+    assert [g.kind for g in report.plan.groups] == ["full_attention"]
+    assert report.plan.groups[0].layers == 24
+    assert report.finished == 50
