@@ -312,3 +312,29 @@ def test_policy_names_are_claimed_once(registry):
         )
     with pytest.raises(HookImplementationError, match="must return a non-empty mapping of policy"):
         kvcore.load_registry(plugins={"p": policy_plugin(["x"])}, only=["p"])
+
+
+def _example_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "eviction_policy.py"
+    spec = importlib.util.spec_from_file_location("eviction_policy_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_documented_example_policy_keeps_every_invariant(registry):
+    example = _example_module()
+    plugins = kvcore.load_registry(plugins={"toy": example}, only=["full_attention", "toy"])
+    assert list(plugins.eviction_policies) == ["newest-first"]
+    config = kvcore.KVCacheConfig.from_specs(
+        40, [FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype="float32")]
+    )
+    manager = kvcore.KVCacheManager(
+        config, 512, registry=plugins, hash_algorithm="fast", eviction="newest-first"
+    )
+    stats = RandomWorkload(manager, seed=2, max_running=5).run(800)
+    assert stats.hit_tokens > 0
+    assert stats.preemptions > 0

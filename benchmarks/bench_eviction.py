@@ -1,0 +1,395 @@
+"""Eviction policies side by side: hit rate against cache size, and manager time per step.
+
+Every built-in policy (lru, admit, frequency, cost) and the offline optimum
+(belady) replay the same workloads through ``kvcore simulate`` at the same
+memory, four sizes per workload from tight to about the working set:
+
+* the Mooncake conversation trace (12,031 requests) on gpt-oss-20b (sliding
+  window + full attention) and on qwen3-next-80b (Mamba + full attention);
+* the Mooncake synthetic trace (3,993 requests) on gpt-oss-20b;
+* the built-in workload (2,000 requests, seed 0) on gpt-oss-20b.
+
+Each cell also has the workload's unbounded-cache ceiling. Then a timing
+phase replays one workload per model with every online policy, interleaved
+and best of ``--repeats``, and reports the manager's time per decode call
+and per step against LRU.
+
+Run (from the repository root)::
+
+    python benchmarks/bench_eviction.py                 # everything (about 1 h of CPU)
+    python benchmarks/bench_eviction.py --quick         # first 1,000 requests per trace
+
+Results are cached in ``--results`` (default ``benchmarks/eviction-results.json``,
+one record per cell): an interrupted run resumes, and ``--table`` / ``--plot``
+redraw without simulating. ``--jobs N`` runs N cells at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from _common import DATA, REPO
+
+from kvcore._sim import SchedulerConfig, SimulationOptions, load_workload, simulate
+
+POLICIES = ("lru", "admit", "frequency", "cost", "belady")
+ONLINE = POLICIES[:-1]
+CONVERSATION = DATA / "mooncake" / "mooncake_conversation_trace.jsonl"
+SYNTHETIC = DATA / "mooncake" / "mooncake_synthetic_trace.jsonl"
+
+# (key, title, trace or None for the built-in workload, model, sizes, max_model_len)
+SWEEPS: tuple[tuple[str, str, Path | None, str, tuple[str, ...], int | None], ...] = (
+    (
+        "conversation/gpt-oss-20b",
+        "Mooncake conversation, gpt-oss-20b",
+        CONVERSATION,
+        "gpt-oss-20b",
+        ("10GiB", "20GiB", "40GiB", "80GiB"),
+        None,
+    ),
+    (
+        "conversation/qwen3-next-80b",
+        "Mooncake conversation, qwen3-next-80b",
+        CONVERSATION,
+        "qwen3-next-80b",
+        ("10GiB", "20GiB", "40GiB", "80GiB"),
+        None,
+    ),
+    (
+        "synthetic/gpt-oss-20b",
+        "Mooncake synthetic, gpt-oss-20b",
+        SYNTHETIC,
+        "gpt-oss-20b",
+        ("10GiB", "20GiB", "40GiB", "80GiB"),
+        None,
+    ),
+    (
+        "built-in/gpt-oss-20b",
+        "built-in workload (2,000 requests), gpt-oss-20b",
+        None,
+        "gpt-oss-20b",
+        ("1GiB", "2GiB", "4GiB", "8GiB"),
+        32768,
+    ),
+)
+# Timing phase: (title, trace, limit, model, memory, max_model_len)
+TIMINGS = (
+    ("built-in, gpt-oss-20b, 8 GiB", None, 2000, "gpt-oss-20b", "8GiB", 32768),
+    (
+        "conversation (1,000), qwen3-next-80b, 80 GiB",
+        CONVERSATION,
+        1000,
+        "qwen3-next-80b",
+        "80GiB",
+        None,
+    ),
+)
+
+
+def _cell_key(sweep: str, memory: str, policy: str, limit: int | None) -> str:
+    return f"{sweep}|{memory}|{policy}|{limit or 'all'}"
+
+
+def _run_cell(
+    sweep: str,
+    trace: str | None,
+    model: str,
+    memory: str,
+    max_model_len: int | None,
+    policy: str,
+    limit: int | None,
+) -> dict[str, Any]:
+    """Simulate one (workload, memory, policy) cell; a plain dict for the results file."""
+    workload = load_workload(trace, limit=limit)
+    options = SimulationOptions(
+        model=model, memory=memory, max_model_len=max_model_len, eviction=policy
+    )
+    started = time.perf_counter()
+    report = simulate(workload, options)
+    prefix = report.prefix_cache
+    return {
+        "sweep": sweep,
+        "memory": memory,
+        "policy": policy,
+        "limit": limit,
+        "requests": report.workload.requests,
+        "num_blocks": report.plan.num_blocks,
+        "hit_rate": prefix.hit_rate,
+        "ceiling_rate": prefix.ceiling_rate,
+        "hit_tokens": prefix.hit_tokens,
+        "prompt_tokens": prefix.prompt_tokens,
+        "evicted_blocks": report.eviction.evicted_blocks,
+        "preemptions": report.preemptions.count,
+        "decode_mean_us": report.manager.ops["decode"].mean_us,
+        "step_mean_us": report.manager.per_step_mean_us,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def load_results(path: Path) -> dict[str, dict[str, Any]]:
+    if not path.exists():
+        return {}
+    records = json.loads(path.read_text())
+    return {_cell_key(r["sweep"], r["memory"], r["policy"], r["limit"]): r for r in records}
+
+
+def save_results(path: Path, results: dict[str, dict[str, Any]]) -> None:
+    path.write_text(
+        json.dumps(
+            sorted(
+                results.values(),
+                key=lambda r: _cell_key(r["sweep"], r["memory"], r["policy"], r["limit"]),
+            ),
+            indent=1,
+        )
+        + "\n"
+    )
+
+
+def run_sweep(args: argparse.Namespace, results: dict[str, dict[str, Any]], path: Path) -> None:
+    todo = []
+    # Largest memory first in every sweep: the default configuration's cells
+    # come first, and a partial run already answers the main question.
+    for key, _, trace, model, sizes, max_model_len in SWEEPS:
+        if args.sweeps and key not in args.sweeps:
+            continue
+        for memory in reversed(sizes):
+            for policy in args.policies:
+                if _cell_key(key, memory, policy, args.limit) in results:
+                    continue
+                trace_arg = str(trace) if trace is not None else None
+                todo.append((key, trace_arg, model, memory, max_model_len, policy, args.limit))
+    if not todo:
+        return
+    print(f"{len(todo)} cells to simulate ({args.jobs} at a time)", flush=True)
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(_run_cell, *cell): cell for cell in todo}
+        for done, future in enumerate(as_completed(futures), 1):
+            record = future.result()
+            results[
+                _cell_key(record["sweep"], record["memory"], record["policy"], record["limit"])
+            ] = record
+            save_results(path, results)
+            print(
+                f"  [{done}/{len(todo)} {time.perf_counter() - started:6.0f} s] {record['sweep']} "
+                f"{record['memory']:>6} {record['policy']:<9} "
+                f"hit {100 * record['hit_rate']:5.2f} % "
+                f"(ceiling {100 * record['ceiling_rate']:.1f} %, {record['wall_s']:.0f} s)",
+                flush=True,
+            )
+
+
+def _cells(
+    results: dict[str, dict[str, Any]], limit: int | None
+) -> dict[tuple[str, str, str], dict[str, Any]]:
+    return {
+        (r["sweep"], r["memory"], r["policy"]): r for r in results.values() if r["limit"] == limit
+    }
+
+
+def gap_closed(lru: float, best: float, belady: float) -> float | None:
+    """Share of the LRU → Belady gap a policy closes (None when there is no gap)."""
+    if belady - lru <= 1e-9:
+        return None
+    return (best - lru) / (belady - lru)
+
+
+def table_rst(results: dict[str, dict[str, Any]], limit: int | None) -> str:
+    """One list-table per sweep: hit rate (%) per policy and size, Belady, ceiling, gap closed."""
+    cells = _cells(results, limit)
+    out = []
+    for key, title, _, _, sizes, _ in SWEEPS:
+        rows = [size for size in sizes if all((key, size, p) in cells for p in POLICIES)]
+        if not rows:
+            continue
+        out += [
+            f".. list-table:: {title}" + ("" if limit is None else f" (first {limit:,} requests)"),
+            "   :header-rows: 1",
+            "",
+            "   * - memory",
+            *[f"     - {policy}" for policy in POLICIES],
+            "     - ceiling",
+            "     - best online: gap closed",
+        ]
+        for size in rows:
+            hit = {p: 100 * cells[key, size, p]["hit_rate"] for p in POLICIES}
+            best = max(ONLINE, key=lambda p: hit[p])
+            closed = gap_closed(hit["lru"], hit[best], hit["belady"])
+            out += [
+                f"   * - {size} ({cells[key, size, 'lru']['num_blocks']:,} blocks)",
+                *[f"     - {hit[p]:.2f}" for p in POLICIES],
+                f"     - {100 * cells[key, size, 'lru']['ceiling_rate']:.2f}",
+                f"     - {best}: " + ("n/a" if closed is None else f"{100 * closed:.0f} %"),
+            ]
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(results: dict[str, dict[str, Any]], limit: int | None, path: Path) -> None:
+    import matplotlib as mpl
+
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = _cells(results, limit)
+    figure, axes = plt.subplots(2, 2, figsize=(8, 6.4))
+    styles = {
+        "lru": ("tab:gray", "-", "o"),
+        "admit": ("tab:blue", "-", "s"),
+        "frequency": ("tab:green", "-", "^"),
+        "cost": ("tab:orange", "-", "v"),
+        "belady": ("black", "--", "x"),
+    }
+    for axis, (key, title, _, _, sizes, _) in zip(axes.flat, SWEEPS, strict=True):
+        xs = [size for size in sizes if all((key, size, p) in cells for p in POLICIES)]
+        labels = [size.replace("GiB", "") for size in xs]
+        for policy in POLICIES:
+            color, line, marker = styles[policy]
+            axis.plot(
+                labels,
+                [100 * cells[key, x, policy]["hit_rate"] for x in xs],
+                color=color,
+                linestyle=line,
+                marker=marker,
+                markersize=4,
+                label=policy,
+            )
+        if xs:
+            axis.plot(
+                labels,
+                [100 * cells[key, x, "lru"]["ceiling_rate"] for x in xs],
+                color="tab:red",
+                linestyle=":",
+                label="ceiling",
+            )
+        axis.set_title(title.replace(" workload (2,000 requests)", ""), fontsize=9)
+        axis.set_xlabel("KV cache (GiB)", fontsize=8)
+        axis.set_ylabel("prompt tokens hit (%)", fontsize=8)
+        axis.tick_params(labelsize=8)
+        axis.set_ylim(bottom=0)
+        axis.grid(alpha=0.3)
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    figure.legend(handles, names, loc="lower center", ncol=6, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.05, 1, 1))
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def run_timing(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Manager time per decode call and per step, each online policy interleaved, best of N."""
+    rows = []
+    for title, trace, limit, model, memory, max_model_len in TIMINGS:
+        workload = load_workload(str(trace) if trace else None, limit=limit)
+        best: dict[str, tuple[float, float]] = {}
+        for _ in range(args.repeats):
+            for policy in ONLINE:
+                options = SimulationOptions(
+                    model=model,
+                    memory=memory,
+                    max_model_len=max_model_len,
+                    eviction=policy,
+                    scheduler=SchedulerConfig(),
+                )
+                report = simulate(workload, options)
+                decode = report.manager.ops["decode"].mean_us
+                step = report.manager.per_step_mean_us
+                old = best.get(policy, (float("inf"), float("inf")))
+                best[policy] = (min(old[0], decode), min(old[1], step))
+        for policy in ONLINE:
+            rows.append(
+                {
+                    "workload": title,
+                    "policy": policy,
+                    "decode_us": best[policy][0],
+                    "step_us": best[policy][1],
+                    "decode_vs_lru": best[policy][0] / best["lru"][0],
+                    "step_vs_lru": best[policy][1] / best["lru"][1],
+                }
+            )
+            print(
+                f"  {title}: {policy:<9} decode {best[policy][0]:6.2f} µs "
+                f"({best[policy][0] / best['lru'][0]:.2f}x lru), step {best[policy][1]:7.1f} µs "
+                f"({best[policy][1] / best['lru'][1]:.2f}x lru)",
+                flush=True,
+            )
+    return rows
+
+
+def timing_rst(rows: Sequence[dict[str, Any]]) -> str:
+    out = [
+        ".. list-table:: Manager time (best of the interleaved runs)",
+        "   :header-rows: 1",
+        "",
+        "   * - workload",
+        "     - policy",
+        "     - decode call (µs)",
+        "     - vs lru",
+        "     - per step (µs)",
+        "     - vs lru",
+    ]
+    for row in rows:
+        out += [
+            f"   * - {row['workload']}",
+            f"     - {row['policy']}",
+            f"     - {row['decode_us']:.2f}",
+            f"     - {row['decode_vs_lru']:.2f}",
+            f"     - {row['step_us']:.1f}",
+            f"     - {row['step_vs_lru']:.2f}",
+        ]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="first 1,000 requests of each trace")
+    parser.add_argument("--limit", type=int, help="first N requests of each workload")
+    parser.add_argument("--jobs", type=int, default=1, help="cells simulated at once (default 1)")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated")
+    parser.add_argument("--sweeps", help="comma-separated sweep keys (default: all)")
+    parser.add_argument(
+        "--results", type=Path, default=REPO / "benchmarks" / "eviction-results.json"
+    )
+    parser.add_argument("--rst", type=Path, help="write the tables (reStructuredText) here")
+    parser.add_argument("--plot", type=Path, help="write the hit-rate plot (PNG) here")
+    parser.add_argument("--no-sweep", action="store_true", help="only redraw from --results")
+    parser.add_argument("--no-timing", action="store_true", help="skip the timing phase")
+    parser.add_argument("--repeats", type=int, default=3, help="timing runs per policy")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.quick and args.limit is None:
+        args.limit = 1000
+    args.policies = [p for p in args.policies.split(",") if p]
+    args.sweeps = set(args.sweeps.split(",")) if args.sweeps else None
+    for trace in (CONVERSATION, SYNTHETIC):
+        if not trace.exists():
+            print(
+                f"missing {trace}; set KVCORE_DATA to the folder holding mooncake/", file=sys.stderr
+            )
+            return 2
+    results = load_results(args.results)
+    if not args.no_sweep:
+        run_sweep(args, results, args.results)
+    text = table_rst(results, args.limit)
+    print(text)
+    timing = []
+    if not args.no_timing:
+        print(f"timing ({os.getloadavg()[0]:.1f} load average at start)")
+        timing = run_timing(args)
+        text += "\n" + timing_rst(timing)
+    if args.rst:
+        args.rst.write_text(text)
+    if args.plot:
+        plot(results, args.limit, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
