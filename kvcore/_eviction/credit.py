@@ -16,8 +16,8 @@ pool". Two orders need no credit and are not classes:
 - *worthless* blocks (no hash, or refused by the admission rule) go next,
   least recently freed first.
 
-Per-block state lives in flat arrays indexed by block id: links, class and
-deadline (about 25 bytes a block on top of the pool's own lists).
+Per-block state lives in flat arrays indexed by block id: two links, a class
+and a deadline (26 bytes a block, plus the ints the links refer to).
 """
 
 from __future__ import annotations
@@ -66,8 +66,13 @@ class CreditQueues:
         # One sentinel per class after the blocks: class k's is num_blocks + k.
         size = num_blocks + self.num_classes
         self._sentinels = tuple(range(num_blocks, size))
-        self._next = list(range(size))  # sentinels point to themselves: empty
-        self._prev = list(range(size))
+        # Only the sentinels need a value (themselves: empty classes); a block's
+        # links are written when it is queued. One shared int keeps a pool of a
+        # million blocks at two list slots a block.
+        self._next = [0] * size
+        self._prev = [0] * size
+        self._next[num_blocks:] = self._sentinels
+        self._prev[num_blocks:] = self._sentinels
         self._class = bytearray([NOT_FREE]) * num_blocks
         self._deadline = array("q", bytes(8 * num_blocks))
         self._fresh_start = 0
