@@ -55,14 +55,3 @@ def test_every_error_class_is_on_the_errors_page():
     row = r"\* - (?::class:`~kvcore\.(?:errors|reference|cluster)\.|``)(\w+)"
     rows = set(re.findall(row, page))
     assert classes <= rows, classes - rows
-def test_the_eviction_example_prints_what_the_architecture_page_shows():
-    out = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "eviction_policy.py")],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"KVCORE_PLUGINS": "full_attention"},
-    ).stdout
-    page = (DOCS / "explanation" / "architecture.rst").read_text()
-    shown = page.split("It prints::", 1)[1].split("\n\n", 2)[1]
-    assert [line[4:] for line in shown.splitlines()] == out.rstrip("\n").splitlines()
