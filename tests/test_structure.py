@@ -27,6 +27,7 @@ PUBLIC_CORE_MODULES = {
     "kvcore.managers",
     "kvcore.hookspecs",
     "kvcore.errors",
+    "kvcore.eviction",
     "kvcore.reference",
     "kvcore.testing",
 }
