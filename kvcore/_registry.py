@@ -364,11 +364,21 @@ class Registry:
     def eviction_policies(self) -> Mapping[str, Any]:
         """Policy name → factory, for the eviction policies plugins register.
 
-        The policies kvcore provides itself are not listed here
+        Each factory is wrapped: whatever it raises when a pool builds its
+        policy comes out as :class:`~kvcore.errors.HookImplementationError`
+        naming the plugin. The policies kvcore provides itself are not listed here
         (:func:`kvcore.available_eviction_policies` lists both).
         """
+        # Imported here: the eviction registry imports the block pool's policies.
+        from kvcore._eviction.registry import PluginPolicyFactory
+
         claims = self.claims("kvcore_eviction_policies")
-        return MappingProxyType({name: claim.record[1] for name, claim in claims.items()})
+        return MappingProxyType(
+            {
+                name: PluginPolicyFactory(claim.plugin.name, name, claim.record[1])
+                for name, claim in claims.items()
+            }
+        )
 
     # -- planning -----------------------------------------------------------------------
 

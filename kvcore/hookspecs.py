@@ -271,9 +271,12 @@ def kvcore_eviction_policies() -> Mapping[str, EvictionPolicyFactory]:  # type: 
 
     Called once per plugin when a registry is built; the factories are kept
     (``Registry.eviction_policies``) and called once per block pool, never on
-    the allocation path. A name may be claimed by one plugin only, and not
-    by a policy kvcore provides itself (:func:`kvcore.available_eviction_policies`
-    lists them; ``belady`` is the simulator's): either raises
+    the allocation path. What a factory raises comes out as
+    :class:`~kvcore.errors.HookImplementationError` naming the plugin; the
+    policy's own methods run on the allocation path and are not wrapped. A
+    name may be claimed by one plugin only, and not by a policy kvcore
+    provides itself (:func:`kvcore.available_eviction_policies` lists them;
+    ``belady`` is the simulator's): either raises
     :class:`~kvcore.errors.PluginConflictError`. Asking a manager for a name
     nobody provides raises :class:`~kvcore.errors.UnknownEvictionPolicyError`
     listing the available ones.

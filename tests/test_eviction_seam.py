@@ -314,6 +314,30 @@ def test_policy_names_are_claimed_once(registry):
         kvcore.load_registry(plugins={"p": policy_plugin(["x"])}, only=["p"])
 
 
+def test_a_plugin_policy_that_raises_is_named(registry):
+    def broken(info: PoolInfo) -> EvictionPolicy:
+        raise ZeroDivisionError("no blocks to divide")
+
+    plugins = kvcore.load_registry(
+        plugins={"toy": policy_plugin({"broken": broken})}, only=["full_attention", "toy"]
+    )
+    config = kvcore.KVCacheConfig.from_specs(
+        6, [FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype="float32")]
+    )
+    failed = (
+        r"kvcore plugin 'toy' failed in the factory of its eviction policy 'broken': "
+        r"ZeroDivisionError: no blocks to divide\. .*--disable toy"
+    )
+    with pytest.raises(HookImplementationError, match=failed) as e:
+        kvcore.KVCacheManager(config, 64, registry=plugins, eviction="broken")
+    assert isinstance(e.value.__cause__, ZeroDivisionError)
+    # A plugin factory building an incomplete policy is named with its plugin.
+    incomplete = policy_plugin({"half": lambda info: SimpleNamespace(take=list)})
+    plugins = kvcore.load_registry(plugins={"toy": incomplete}, only=["full_attention", "toy"])
+    with pytest.raises(HookImplementationError, match=r"policy 'half' of plugin 'toy'.* without"):
+        kvcore.KVCacheManager(config, 64, registry=plugins, eviction="half")
+
+
 def _example_module():
     import importlib.util
     from pathlib import Path

@@ -15,12 +15,14 @@ from typing import Any
 
 from kvcore._eviction.policies import admit_policy, cost_policy, frequency_policy
 from kvcore._free_queue import lru_policy
+from kvcore._plugin_calls import call_plugin
 from kvcore.errors import HookImplementationError, PluginConflictError, UnknownEvictionPolicyError
 from kvcore.eviction import POLICY_METHODS, EvictionPolicy, EvictionPolicyFactory, PoolInfo
 
 __all__ = [
     "available_eviction_policies",
     "BUILTIN_POLICIES",
+    "PluginPolicyFactory",
     "DEFAULT_POLICY",
     "SIMULATOR_ONLY_POLICIES",
     "available_policies",
@@ -51,7 +53,41 @@ SIMULATOR_ONLY_POLICIES: Mapping[str, str] = MappingProxyType(
 )
 
 
+class PluginPolicyFactory:
+    """A plugin's policy factory, called so that what it raises names the plugin.
+
+    ``Registry.eviction_policies`` hands these out: building a pool calls the
+    factory once, through :func:`~kvcore._plugin_calls.call_plugin`, so an
+    exception inside it comes out as
+    :class:`~kvcore.errors.HookImplementationError` naming the plugin and the
+    policy (kvcore's own errors pass through). The policy's methods are not
+    wrapped: they run on the allocation path.
+    """
+
+    __slots__ = ("factory", "name", "plugin")
+
+    def __init__(self, plugin: str, name: str, factory: EvictionPolicyFactory) -> None:
+        self.plugin = plugin
+        self.name = name
+        self.factory = factory
+
+    def __call__(self, info: PoolInfo) -> EvictionPolicy:
+        factory = self.factory
+        return call_plugin(
+            self.plugin,
+            f"the factory of its eviction policy {self.name!r}",
+            lambda: factory(info),
+            pass_kvcore_errors=True,
+        )
+
+    def __repr__(self) -> str:
+        what = getattr(self.factory, "__qualname__", repr(self.factory))
+        return f"eviction policy {self.name!r} of plugin {self.plugin!r} ({what})"
+
+
 def _describe(factory: Callable[..., Any]) -> str:
+    if isinstance(factory, PluginPolicyFactory):
+        factory = factory.factory
     doc = (getattr(factory, "__doc__", None) or "").strip()
     return doc.splitlines()[0] if doc else ""
 
@@ -134,7 +170,7 @@ def build_policy(factory: EvictionPolicyFactory, info: PoolInfo) -> EvictionPoli
     policy = factory(info)
     missing = [name for name in POLICY_METHODS if not callable(getattr(policy, name, None))]
     if missing:
-        name = getattr(factory, "__qualname__", repr(factory))
+        name = getattr(factory, "__qualname__", None) or repr(factory)
         msg = (
             f"eviction policy factory {name} built a {type(policy).__name__} without "
             f"{', '.join(missing)}; an EvictionPolicy needs {', '.join(POLICY_METHODS)} "
