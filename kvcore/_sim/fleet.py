@@ -43,7 +43,7 @@ from kvcore._registry import Registry
 from kvcore._request import Request
 from kvcore._sim.ceiling import prefix_reuse_ceiling
 from kvcore._sim.scheduler import Scheduler, SimRequest
-from kvcore._sim.simulate import SimulationOptions
+from kvcore._sim.simulate import BELADY, SimulationOptions
 from kvcore._sim.workload import Workload
 from kvcore.cluster import ROUTER_POLICIES, ClusterIndex, EngineLoad, FleetLayout, Router
 from kvcore.cluster._backend import Backend
@@ -388,9 +388,13 @@ def simulate_fleet(
         registry: Plugins (default: every installed plugin).
         progress: Called now and then with (requests routed, requests).
 
+    Every engine's pool uses ``options.eviction`` (an online policy; the
+    offline ``belady`` is refused).
+
     Raises:
-        KVCoreError: an unknown model, too little memory, prefix caching
-            impossible for the model, a Redis index that cannot be reached.
+        KVCoreError: an unknown model or eviction policy, too little memory,
+            prefix caching impossible for the model, a Redis index that
+            cannot be reached.
     """
     options = options or SimulationOptions()
     fleet = fleet or FleetOptions()
@@ -399,6 +403,13 @@ def simulate_fleet(
         raise InvalidConfigError(msg)
     if not options.enable_caching:
         msg = "a fleet simulation routes by cached prefixes: drop --no-prefix-caching"
+        raise InvalidConfigError(msg)
+    if options.eviction == BELADY or options.with_belady:
+        msg = (
+            "the offline optimum (--eviction belady, --with-belady) replays one engine; "
+            "a fleet's engines take an online policy (--eviction lru, admit, frequency, cost "
+            "or a plugin's)"
+        )
         raise InvalidConfigError(msg)
     started = time.perf_counter()
     registry = registry if registry is not None else load_registry()
@@ -421,6 +432,7 @@ def simulate_fleet(
             max_model_len,
             registry=registry,
             hash_algorithm=options.hash_algorithm,
+            eviction=options.eviction,
             # Only the prefix router reads the index: the others run without events.
             enable_kv_cache_events=fleet.router == "prefix",
         )

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 
 from kvcore._cli.main import main
+from kvcore._free_queue import LRUFreeQueue
 from kvcore._sim.ceiling import prefix_reuse_ceiling
 from kvcore._sim.fleet import FleetOptions, format_fleet_report, simulate_fleet
 from kvcore._sim.simulate import SimulationOptions
 from kvcore._sim.workload import Workload
 from kvcore._trace import TraceRequest, trace_request_to_json
+from kvcore.eviction import PoolInfo
 
 OPTIONS = SimulationOptions(memory="4GiB", max_model_len=4096)
 
@@ -65,6 +68,18 @@ def test_least_loaded_and_random_route_every_request():
         assert report.index.queries == 0
 
 
+def test_every_engine_of_a_fleet_uses_the_eviction_policy():
+    built = []
+
+    def recording_lru(info: PoolInfo) -> LRUFreeQueue:
+        built.append(info.num_blocks)
+        return LRUFreeQueue(info.num_blocks)
+
+    options = attrs.evolve(OPTIONS, eviction=recording_lru)
+    report = simulate_fleet(conversations(3, 2), options, FleetOptions(engines=3))
+    assert built == [report.num_blocks] * 3
+
+
 def test_a_redis_index_routes_exactly_as_the_embedded_one(redis_session):
     workload = conversations()
     embedded = simulate_fleet(workload, OPTIONS, FleetOptions(engines=3))
@@ -116,6 +131,9 @@ def test_the_cli_runs_a_fleet_against_redis(tmp_path, capsys, redis_session):
         (["--engines", "2", "--arrival", "asap"], "use --arrival timestamp"),
         (["--engines", "2", "--plot", "x.png"], "--plot draws one engine's run"),
         (["--engines", "2", "--execute"], "--execute checks one engine's cache with a tiny model"),
+        (["--engines", "2", "--eviction", "belady"], "a fleet's engines take an online policy"),
+        (["--engines", "2", "--with-belady"], "the offline optimum"),
+        (["--engines", "2", "--eviction", "lur"], "unknown eviction policy 'lur'"),
         (["--router", "random"], "--router applies to a fleet; add --engines N"),
         (["--index", "redis://127.0.0.1:1"], "--index applies to a fleet; add --engines N"),
     ],
