@@ -199,18 +199,21 @@ def test_frequency_keeps_a_hit_block_longer_than_newer_never_hit_ones(make_manag
     assert orders["frequency"] == [6, 5, 2, 1]
 
 
-def test_cost_keeps_a_deeper_chain_longer(make_manager):
+def test_cost_keeps_a_deeper_chain_longer_once_it_was_hit(make_manager):
     manager = make_manager(num_blocks=60, block_size=512, max_model_len=20000, eviction="cost")
-    long = Request("long", list(range(16385)))  # blocks 1..33, 32 cached: 16,384 tokens deep
-    short = Request("short", [-1] * 513)  # blocks 34, 35; 34 cached: 512 tokens deep
-    prefill_and_free(manager, long)
-    prefill_and_free(manager, short)
-    # The long chain's depth class is bit_length(16384 // 8192) = 2: a credit of
-    # 2 x 0.25 turnovers of the 59-block pool, 30 releases. Its blocks are freed
-    # tail first at clocks 1..32, due 31..62; the short chain's block at clock 33,
-    # due 33, ties with block 30 and goes first (lower class). LRU would give
-    # [32 .. 1, 34].
-    assert cached_order(manager.block_pool) == [32, 31, 34, *range(30, 0, -1)]
+    tokens = list(range(16385))
+    prefill_and_free(manager, Request("long", tokens))  # blocks 1..33, 32 cached
+    # Never hit: no credit, so LRU's order (the tail first, freed at clocks 1..32).
+    assert cached_order(manager.block_pool) == list(range(32, 0, -1))
+    # Hit again (a fresh block, 34, holds the last token), then freed at
+    # clocks 33..64. The chain is 16,384 tokens deep: depth class
+    # bit_length(16384 // 8192) = 2, a credit of 2 x 0.25 turnovers of the
+    # 59-block pool, 30 releases: due 63..94. The short request's cached block
+    # 35 (never hit, no credit) is freed at clock 65, due 65: it ties with
+    # block 30 and goes first (lower class). LRU would give [32 .. 1, 35].
+    assert prefill_and_free(manager, Request("again", tokens)) == 16384
+    prefill_and_free(manager, Request("short", [-1] * 513))  # blocks 35, 36; 35 cached
+    assert cached_order(manager.block_pool) == [32, 31, 35, *range(30, 0, -1)]
 
 
 # -- every policy keeps every invariant ------------------------------------------------------

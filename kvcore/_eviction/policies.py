@@ -52,7 +52,10 @@ The policies:
     These rules, plus the prefill compute a hit saves per byte held
     (Marconi's FLOP efficiency): attention over a long context costs more
     per token, so a long chain is kept longer. Decided once per freed chain
-    (its deepest block), so a chain keeps one order, tail first.
+    (its deepest block), so a chain keeps one order, tail first. The credit
+    goes only to blocks a hit has read: the compute is saved only if the
+    prefix is read again, and most never are (a chain's new tail, never
+    read, still goes first).
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ class ValuePolicy:
         hit_credits: Credit, in turnovers of the pool, of a block hit ``k``
             times: ``hit_credits[min(k, len - 1)]``.
         depth_credit: Credit, in turnovers of the pool, per doubling of a
-            freed chain's depth beyond :data:`DEPTH_SCALE` tokens (0: none).
+            freed chain's depth beyond :data:`DEPTH_SCALE` tokens, for the
+            blocks of the chain a hit has read (0: none).
         tail_tokens: See the module documentation.
         checkpoint_share: See the module documentation (0: no checkpoints).
         admission: Apply the admission rule to suffix groups (``False``:
@@ -196,7 +200,9 @@ class ValuePolicy:
             if follow and flag & _SUFFIX and self._join_prefix(block):
                 continue
             level = count if count < last_hit_level else last_hit_level
-            klass = 1 + level * depth_levels + depth_level
+            # Depth credit only once a hit has shown the prefix is reused: most
+            # blocks never are, and their compute is saved only if they are.
+            klass = 1 + level * depth_levels + (depth_level if count else 0)
             queues.push(block, klass)
             if follow and flag == _CACHED:
                 self._follow(block, klass)
@@ -373,5 +379,5 @@ def frequency_policy(info: PoolInfo) -> ValuePolicy:
 
 
 def cost_policy(info: PoolInfo) -> ValuePolicy:
-    """Admission, then recency and prefill compute saved per byte: long chains kept longer."""
+    """Admission, then recency and prefill compute saved per byte: reused long chains last."""
     return ValuePolicy(info, depth_credit=0.25)
