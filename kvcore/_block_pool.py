@@ -486,7 +486,7 @@ class BlockPool:
             old_groups = list(map(group_of.__getitem__, new))
             self._log.append((self._undo_cache, (new, old_groups, kv_cache_group_id)))
         cached = self._cached[kv_cache_group_id]
-        stored = [] if self.enable_kv_cache_events else None
+        stored: list[Hashable] | None = [] if self.enable_kv_cache_events else None
         for index in range(num_cached_blocks, num_full_blocks):
             block = blocks[index]
             if not block:

@@ -375,7 +375,7 @@ class Registry:
         claims = self.claims("kvcore_eviction_policies")
         return MappingProxyType(
             {
-                name: PluginPolicyFactory(claim.plugin.name, name, claim.record[1])
+                str(name): PluginPolicyFactory(claim.plugin.name, str(name), claim.record[1])
                 for name, claim in claims.items()
             }
         )

@@ -362,3 +362,87 @@ def test_the_documented_example_policy_keeps_every_invariant(registry):
     stats = RandomWorkload(manager, seed=2, max_running=5).run(800)
     assert stats.hit_tokens > 0
     assert stats.preemptions > 0
+
+
+# -- the LRU fast path and the protocol path agree ----------------------------------------
+
+
+class LRUThroughTheProtocol(LRUFreeQueue):
+    """The built-in queue, but not of its exact type: the pool drives it by the protocol."""
+
+
+def lru_through_the_protocol(info: PoolInfo) -> LRUThroughTheProtocol:
+    return LRUThroughTheProtocol(info.num_blocks)
+
+
+@pytest.mark.parametrize("name", sorted(HYBRIDS))
+def test_the_lru_fast_path_and_the_protocol_path_choose_the_same_blocks(name):
+    """The pool's LRU fast path is only a faster way of asking the same queue.
+
+    Two managers, one on the built-in queue (fast path) and one on a subclass
+    of it (driven through take/release/revive), run the same random traffic:
+    the block ids handed out, the hit lengths, the events and the free order
+    must be identical at every checkpoint.
+    """
+    registry = kvcore.load_registry(environ={})
+    config = kvcore.KVCacheConfig.from_specs(70, HYBRIDS[name])
+    managers = [
+        kvcore.KVCacheManager(
+            config,
+            512,
+            registry=registry,
+            hash_algorithm="fast",
+            enable_kv_cache_events=True,
+            eviction=eviction,
+        )
+        for eviction in ("lru", lru_through_the_protocol)
+    ]
+    fast, generic = (manager.block_pool for manager in managers)
+    assert fast._lru is fast.policy
+    assert generic._lru is None
+    assert type(generic.policy) is LRUThroughTheProtocol
+    workloads = [RandomWorkload(manager, seed=23, max_running=6) for manager in managers]
+    for _ in range(12):
+        stats = [workload.run(150) for workload in workloads]
+        assert stats[0] == stats[1]
+        assert fast.free_block_ids() == generic.free_block_ids()
+        assert fast._ref == generic._ref
+        assert fast._hash == generic._hash
+        assert fast.take_events() == generic.take_events()
+        assert fast.num_evicted == generic.num_evicted
+    assert stats[0].hit_tokens > 0
+    assert stats[0].preemptions > 0
+    assert fast.num_evicted > 0
+
+
+def test_credit_queues_take_a_never_allocated_block_out_of_the_fresh_run():
+    """A touch of a block nobody allocated leaves a hole; take skips it (as LRU does)."""
+    from kvcore._eviction.credit import CreditQueues
+
+    queues = CreditQueues(10, [5])
+    assert queues.take(1) == [0]
+    queues.remove(4)  # a hole in the fresh run
+    queues.remove(1)  # the head of the run: the run starts at 2
+    assert not queues.is_free(4)
+    assert not queues.is_free(1)
+    assert list(queues) == [2, 3, 5, 6, 7, 8, 9]
+    queues.push(4, 1)  # freed again: queued like any released block
+    assert queues.is_free(4)
+    assert list(queues) == [2, 3, 5, 6, 7, 8, 9, 4]
+    assert queues.take(3) == [2, 3, 5]
+    assert list(queues) == [6, 7, 8, 9, 4]
+    assert queues.take(5) == [6, 7, 8, 9, 4]
+    assert list(queues) == []
+
+
+@pytest.mark.parametrize("policy", ["lru", "admit", "frequency", "cost"])
+def test_every_policy_accepts_a_touch_of_a_never_allocated_block(policy):
+    pool = kvcore.BlockPool(8, eviction=policy)
+    pool.touch([5])  # nobody allocated block 5: it is taken out of the free set
+    pool.check_invariants()
+    assert pool.get_num_free_blocks() == 6
+    assert 5 not in pool.free_block_ids()
+    assert sorted(pool.get_new_blocks(6)) == [1, 2, 3, 4, 6, 7]
+    pool.free_blocks([5])
+    assert pool.free_block_ids() == [5]
+    pool.check_invariants()

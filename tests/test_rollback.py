@@ -22,6 +22,7 @@ import pytest
 
 import kvcore
 from kvcore import KVCacheManager, Request
+from kvcore._free_queue import LRUFreeQueue
 from kvcore.testing import check_manager_invariants, snapshot
 from kvcore_plugins.full_attention import FullAttentionManager, FullAttentionSpec
 from kvcore_plugins.mamba import MambaManager, MambaSpec
@@ -271,9 +272,11 @@ if kvcore_streaming is not None:
     )
 
 
-def make(specs: list[Any], num_blocks: int) -> KVCacheManager:
+def make(specs: list[Any], num_blocks: int, eviction: Any = "lru") -> KVCacheManager:
     config = kvcore.KVCacheConfig.from_specs(num_blocks, specs)
-    return KVCacheManager(config, 128, registry=REGISTRY, enable_kv_cache_events=True)
+    return KVCacheManager(
+        config, 128, registry=REGISTRY, enable_kv_cache_events=True, eviction=eviction
+    )
 
 
 def state(manager: KVCacheManager) -> tuple[object, ...]:
@@ -329,3 +332,79 @@ def test_a_fault_at_any_call_changes_nothing_and_a_retry_succeeds(config):
         assert results == expected, fire_at
         assert state(manager) == final, fire_at
     assert faults_seen == num_ticks
+
+
+def free_set_state(manager: KVCacheManager) -> tuple[object, ...]:
+    """:func:`state` with the free blocks as a set: a policy's order may change on undo."""
+    ref, free_order, *rest = snapshot(manager)
+    pool = manager.block_pool
+    return (ref, frozenset(free_order), pool.get_num_free_blocks(), *rest)
+
+
+@pytest.mark.parametrize("policy", ["admit", "frequency", "cost"])
+@pytest.mark.parametrize("config", ["hybrid", "full"])
+def test_a_fault_under_another_policy_keeps_the_free_set_and_counts(config, policy):
+    """The pool undoes a protocol-driven policy by compensating calls.
+
+    Reference counts, the free set, the free count, the cache map, events and
+    tables come back exactly; only the policy's order may differ, so after
+    the retry the block ids may too, and the script must still run through.
+    """
+    specs, num_blocks = CONFIGS[config]
+    FAULTS.__init__()  # type: ignore[misc]
+    clean = make(specs, num_blocks, policy)
+    requests: dict[str, Request] = {}
+    for op in SCRIPT:
+        op(clean, requests)
+    num_ticks = FAULTS.ticks
+    assert num_ticks > 60
+    faults_seen = 0
+    for fire_at in range(num_ticks):
+        FAULTS.__init__()  # type: ignore[misc]
+        FAULTS.fire_at = fire_at
+        manager = make(specs, num_blocks, policy)
+        requests = {}
+        for index, op in enumerate(SCRIPT):
+            before = free_set_state(manager)
+            try:
+                op(manager, requests)
+            except InjectedFault:
+                faults_seen += 1
+                assert free_set_state(manager) == before, (fire_at, index, FAULTS.points[-1])
+                check_manager_invariants(manager)
+                FAULTS.fire_at = None
+                op(manager, requests)
+        check_manager_invariants(manager)
+    assert faults_seen == num_ticks
+
+
+class LRUThroughTheProtocol(LRUFreeQueue):
+    """The built-in queue driven through the protocol (not the pool's fast path)."""
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_an_exact_undo_policy_through_the_protocol_rolls_back_exactly(config):
+    """A policy with ``exact_undo`` records its own undo: the order comes back too.
+
+    The LRU queue driven through the protocol must give, fault or no fault,
+    the results and the final state of the pool's LRU fast path.
+    """
+    specs, num_blocks = CONFIGS[config]
+    expected, num_ticks, final = run_script(specs, num_blocks)
+    for fire_at in range(0, num_ticks, 3):
+        FAULTS.__init__()  # type: ignore[misc]
+        FAULTS.fire_at = fire_at
+        manager = make(specs, num_blocks, lambda info: LRUThroughTheProtocol(info.num_blocks))
+        assert manager.block_pool._lru is None
+        requests: dict[str, Request] = {}
+        results = []
+        for op in SCRIPT:
+            before = state(manager)
+            try:
+                results.append(op(manager, requests))
+            except InjectedFault:
+                assert state(manager) == before, fire_at
+                FAULTS.fire_at = None
+                results.append(op(manager, requests))
+        assert results == expected, fire_at
+        assert state(manager) == final, fire_at

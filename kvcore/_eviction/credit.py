@@ -12,7 +12,9 @@ credit of ``c`` keeps its blocks ``c`` released blocks longer than class 0:
 a credit of one pool size means "survives about one more turnover of the
 pool". Two orders need no credit and are not classes:
 
-- blocks never allocated go first, in id order (they hold nothing);
+- blocks never allocated go first, in id order (they hold nothing); one a
+  hit took out of that run early (a pool's ``touch`` of a block nobody
+  allocated) is remembered as a *hole* and skipped;
 - *worthless* blocks (no hash, or refused by the admission rule) go next,
   least recently freed first.
 
@@ -51,6 +53,7 @@ class CreditQueues:
         "_deadline",
         "_fresh_end",
         "_fresh_start",
+        "_holes",
         "_next",
         "_prev",
         "_sentinels",
@@ -77,6 +80,9 @@ class CreditQueues:
         self._deadline = array("q", bytes(8 * num_blocks))
         self._fresh_start = 0
         self._fresh_end = num_blocks
+        # Never-allocated blocks inside the fresh run taken out by remove();
+        # _fresh_start itself is never one of them.
+        self._holes: set[int] = set()
         self._clock = 0
 
     # -- the pool's operations --------------------------------------------------------
@@ -87,7 +93,13 @@ class CreditQueues:
         The caller guarantees at least ``n`` blocks are free.
         """
         out: list[int] = []
-        fresh = min(n, self._fresh_end - self._fresh_start)
+        if self._holes:
+            n -= self._take_fresh_around_holes(n, out)
+            if not n:
+                return out
+            fresh = 0
+        else:
+            fresh = min(n, self._fresh_end - self._fresh_start)
         if fresh:
             start = self._fresh_start
             self._fresh_start = start + fresh
@@ -140,6 +152,26 @@ class CreditQueues:
             prv[block] = best
         return out
 
+    def _take_fresh_around_holes(self, n: int, out: list[int]) -> int:
+        """Append up to ``n`` fresh blocks to ``out``, skipping holes; return how many."""
+        holes = self._holes
+        block, end = self._fresh_start, self._fresh_end
+        taken = 0
+        passed = []
+        while taken < n and block < end:
+            if block in holes:
+                passed.append(block)
+            else:
+                out.append(block)
+                taken += 1
+            block += 1
+        while block in holes:
+            passed.append(block)
+            block += 1
+        holes.difference_update(passed)
+        self._fresh_start = block
+        return taken
+
     def push(self, block: int, klass: int) -> None:
         """Make ``block`` free in class ``klass`` (appended at its tail).
 
@@ -159,7 +191,13 @@ class CreditQueues:
         prv[sentinel] = block
 
     def remove(self, block: int) -> None:
-        """Take free ``block`` out of its class (a hit revived it)."""
+        """Take free ``block`` out of its class (a hit revived it).
+
+        A block never allocated is taken out of the fresh run instead.
+        """
+        if self._fresh_start <= block < self._fresh_end and block not in self._holes:
+            self._remove_fresh(block)
+            return
         nxt = self._next
         prv = self._prev
         before = prv[block]
@@ -167,6 +205,18 @@ class CreditQueues:
         nxt[before] = after
         prv[after] = before
         self._class[block] = NOT_FREE
+
+    def _remove_fresh(self, block: int) -> None:
+        start = self._fresh_start
+        if block != start:
+            self._holes.add(block)
+            return
+        start += 1
+        holes = self._holes
+        while start in holes:
+            holes.discard(start)
+            start += 1
+        self._fresh_start = start
 
     def push_after(self, block: int, anchor: int) -> None:
         """Make ``block`` free right behind free ``anchor``: same class, same deadline."""
@@ -195,11 +245,16 @@ class CreditQueues:
 
     def is_free(self, block: int) -> bool:
         """Whether ``block`` is free (never allocated, or in a class)."""
-        return self._class[block] != NOT_FREE or self._fresh_start <= block < self._fresh_end
+        if self._class[block] != NOT_FREE:
+            return True
+        return self._fresh_start <= block < self._fresh_end and block not in self._holes
 
     def __iter__(self) -> Iterator[int]:
         """The free blocks in the order :meth:`take` would hand them out."""
-        yield from range(self._fresh_start, self._fresh_end)
+        holes = self._holes
+        for block in range(self._fresh_start, self._fresh_end):
+            if block not in holes:
+                yield block
         nxt = self._next
         sentinel = self._sentinels[WORTHLESS]
         block = nxt[sentinel]

@@ -307,10 +307,9 @@ _DERIVED: dict[type, tuple[str, ...]] = {
 
 
 def _to_json(value: object) -> Any:
-    if attrs.has(type(value)):
-        out = {
-            field.name: _to_json(getattr(value, field.name)) for field in attrs.fields(type(value))
-        }
+    kind: Any = type(value)
+    if attrs.has(kind):
+        out = {field.name: _to_json(getattr(value, field.name)) for field in attrs.fields(kind)}
         for name in _DERIVED.get(type(value), ()):
             out[name] = getattr(value, name)
         return out

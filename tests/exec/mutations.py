@@ -106,8 +106,7 @@ def _mamba_hit_reads_the_previous_checkpoint(mp: Any) -> None:
 def _stale_cache_entry_on_reuse(mp: Any) -> None:
     # Reallocating a cached free block forgets to drop its hash from the map.
     def get_new_blocks(self: BlockPool, num_blocks: int) -> list[int]:
-        blocks = self.policy.take(num_blocks)
-        self.num_free -= num_blocks
+        blocks = self._free.pop_n(num_blocks)
         for block in blocks:
             self._ref[block] = 1
         return blocks
