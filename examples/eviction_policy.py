@@ -28,13 +28,15 @@ class NewestFirst:
         self._stack: list[tuple[int, int]] = []  # (block, stamp), newest last
         self._stamp = [0] * info.num_blocks  # bumped when freed: older entries are stale
         self._free = bytearray(info.num_blocks)
+        self._holes: set[int] = set()  # never-used blocks a hit took (not to hand out)
 
     def take(self, n: int) -> list[int]:
         """Never-used blocks first, then the newest freed."""
         out = []
         while len(out) < n:
             if self._next_fresh < self._num_blocks:
-                out.append(self._next_fresh)
+                if self._next_fresh not in self._holes:
+                    out.append(self._next_fresh)
                 self._next_fresh += 1
                 continue
             block, stamp = self._stack.pop()
@@ -53,6 +55,8 @@ class NewestFirst:
     def revive(self, block: int) -> None:
         """Mark a revived block; its stack entry is skipped later."""
         self._free[block] = 0
+        if block >= self._next_fresh:  # a hit on a block never handed out
+            self._holes.add(block)
 
     def cached(
         self,
@@ -72,7 +76,9 @@ class NewestFirst:
         """Ignored."""
 
     def __iter__(self) -> Iterator[int]:
-        yield from range(self._next_fresh, self._num_blocks)
+        for block in range(self._next_fresh, self._num_blocks):
+            if block not in self._holes:
+                yield block
         for block, stamp in reversed(self._stack):
             if self._free[block] and stamp == self._stamp[block]:
                 yield block

@@ -24,6 +24,16 @@ Every call is on the allocation path: a policy keeps per-block state in flat
 lists or arrays indexed by block id and does O(1) (amortized) work per block.
 The pool passes no time: the order of the calls is the policy's clock.
 
+Rollback: the engine-facing manager undoes an operation that fails half-way.
+The pool undoes what it asked of a policy by compensating calls (a
+``release`` for a ``take`` or a ``revive``, a ``revive`` for a ``release``, a
+``forget`` for a ``cached``), which restores the free set exactly but maybe
+not the policy's order. A policy whose class sets ``exact_undo = True``
+instead gets the pool's undo log in its ``undo_log`` attribute (``None``
+outside a transaction) and appends ``(callable, arguments)`` entries that
+restore its exact state when replayed newest first, as the built-in ``lru``
+queue does.
+
 Policies are chosen by name (``KVCacheManager(..., eviction="lru")``);
 :func:`kvcore.available_eviction_policies` lists them. A third-party policy
 is a factory ``(PoolInfo) -> EvictionPolicy``, passed directly or registered
@@ -165,7 +175,11 @@ class EvictionPolicy(Protocol):
         ...
 
     def revive(self, block: int) -> None:
-        """Free ``block`` was hit by a request and leaves the free set."""
+        """Free ``block`` was hit by a request and leaves the free set.
+
+        The block may be one never handed out (an engine may touch a block
+        nobody allocated): it must not be handed out until it is released.
+        """
         ...
 
     def cached(

@@ -435,9 +435,10 @@ def test_credit_queues_take_a_never_allocated_block_out_of_the_fresh_run():
     assert list(queues) == []
 
 
-@pytest.mark.parametrize("policy", ["lru", "admit", "frequency", "cost"])
+@pytest.mark.parametrize("policy", ["lru", "admit", "frequency", "cost", "example"])
 def test_every_policy_accepts_a_touch_of_a_never_allocated_block(policy):
-    pool = kvcore.BlockPool(8, eviction=policy)
+    eviction = _example_module().NewestFirst if policy == "example" else policy
+    pool = kvcore.BlockPool(8, eviction=eviction)
     pool.touch([5])  # nobody allocated block 5: it is taken out of the free set
     pool.check_invariants()
     assert pool.get_num_free_blocks() == 6
