@@ -5,7 +5,7 @@ A block's hash covers its parent's hash, its token ids and its *extra keys*
 the cache salt on the first block). So equal hashes mean equal prefixes, not
 just equal blocks, and a lookup can stop at the first miss.
 
-Two algorithms:
+Three algorithms:
 
 ``"sha256"`` (default)
     SHA-256 over a canonical byte encoding: the 32-byte parent digest, the
@@ -18,6 +18,14 @@ Two algorithms:
     integer, several times cheaper, for simulation. Not collision resistant;
     with string extra keys (LoRA names, salts) the values differ between
     processes unless ``PYTHONHASHSEED`` is fixed.
+``"xxh3_128"``
+    XXH3 with a 128-bit digest (the ``xxhash`` package: ``pip install
+    'kvcore[xxhash]'``) over the same byte encoding as ``"sha256"``, with a
+    16-byte parent digest. About twice as fast as ``"sha256"`` per block and,
+    like it, identical across processes and machines, so multi-process
+    engines can compare caches and events. Not cryptographic: a client that
+    controls prompts could craft a collision, so engines that share one cache
+    between untrusted tenants should keep ``"sha256"``.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import operator
 import struct
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final, NoReturn, cast, overload
 
 from kvcore._request import Request
@@ -41,13 +49,38 @@ __all__ = [
 ]
 
 #: The names accepted by ``BlockHasher(algorithm=...)``.
-HASH_ALGORITHMS: Final = ("sha256", "fast")
+HASH_ALGORITHMS: Final = ("sha256", "fast", "xxh3_128")
 
 #: Parent digest of a request's first block under ``"sha256"``.
 NONE_HASH_SHA256: Final = hashlib.sha256(b"kvcore/none-hash/v1").digest()
 _NONE_HASH_FAST: Final = hash(("kvcore/none-hash/v1",))
 
 _sha256 = hashlib.sha256
+_NONE_HASH_SEED: Final = b"kvcore/none-hash/v1"
+
+
+def _xxh3_128_digest() -> Callable[[bytes], bytes]:
+    """``xxhash.xxh3_128_digest``, imported when a hasher asks for ``"xxh3_128"``."""
+    try:
+        from xxhash import xxh3_128_digest
+    except ImportError:
+        msg = (
+            "hash_algorithm 'xxh3_128' needs the xxhash package: "
+            "pip install 'kvcore[xxhash]' (or use 'sha256')"
+        )
+        raise InvalidConfigError(msg) from None
+    return xxh3_128_digest  # type: ignore[no-any-return]
+
+
+def _chain_digests(
+    digest: Callable[[bytes], bytes], parent: bytes, data: bytes, step: int, out: list[Hashable]
+) -> None:
+    """Append ``digest(parent + chunk)`` for every ``step``-byte chunk of ``data``, chained."""
+    append = out.append
+    view = memoryview(data)
+    for offset in range(0, len(data), step):
+        parent = digest(parent + view[offset : offset + step])  # type: ignore[operator]
+        append(parent)
 
 
 def _token_bytes(tokens: list[int]) -> bytes:
@@ -175,10 +208,15 @@ class BlockHasher:
 
     Args:
         block_size: Tokens per hashed unit (the manager's hash block size).
-        algorithm: ``"sha256"`` or ``"fast"`` (see the module documentation).
+        algorithm: ``"sha256"``, ``"fast"`` or ``"xxh3_128"`` (see the module
+            documentation).
+
+    Raises:
+        InvalidConfigError: a bad block size or algorithm, or ``"xxh3_128"``
+            without the ``xxhash`` package.
     """
 
-    __slots__ = ("_key", "algorithm", "block_size")
+    __slots__ = ("_digest", "_key", "_none_hash", "algorithm", "block_size")
 
     def __init__(self, block_size: int, algorithm: str = "sha256") -> None:
         if type(block_size) is not int or block_size <= 0:
@@ -190,6 +228,9 @@ class BlockHasher:
         self.block_size = block_size
         self.algorithm = algorithm
         self._key = (block_size, algorithm)
+        # The byte-level digest of "xxh3_128" (None for the other algorithms).
+        self._digest = _xxh3_128_digest() if algorithm == "xxh3_128" else None
+        self._none_hash = self._digest(_NONE_HASH_SEED) if self._digest is not None else None
 
     def update(self, request: Request) -> None:
         """Append the hashes of every newly completed block to ``request.block_hashes``.
@@ -225,6 +266,9 @@ class BlockHasher:
             for offset in range(0, len(data), step):
                 parent = _sha256(parent + data[offset : offset + step]).digest()  # type: ignore[operator]
                 append(parent)
+        elif self._digest is not None:
+            parent = hashes[-1] if hashes else self._none_hash
+            _chain_digests(self._digest, parent, data, 8 * size, hashes)  # type: ignore[arg-type]
         else:
             parent = hashes[-1] if hashes else _NONE_HASH_FAST
             append = hashes.append
@@ -248,16 +292,19 @@ class BlockHasher:
         tokens = request._all_token_ids
         size = self.block_size
         sha = self.algorithm == "sha256"
-        none_hash: Hashable = NONE_HASH_SHA256 if sha else _NONE_HASH_FAST
+        digest = self._digest
+        none_hash: Hashable = (
+            NONE_HASH_SHA256 if sha else self._none_hash if digest else _NONE_HASH_FAST
+        )
         parent = hashes[-1] if hashes else none_hash
         for offset in range(start, end, size):
             extra = block_extra_keys(request, offset, offset + size)
             chunk = tokens[offset : offset + size]
-            if sha:
+            if sha or digest is not None:
                 data = parent + _token_bytes(chunk)  # type: ignore[operator]
                 if extra is not None:
                     data += b"\x01" + encode_extra_keys(extra)
-                parent = _sha256(data).digest()
+                parent = _sha256(data).digest() if sha else digest(data)  # type: ignore[misc]
             else:
                 parent = hash((parent, tuple(chunk), extra))
             hashes.append(parent)

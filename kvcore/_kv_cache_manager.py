@@ -125,8 +125,10 @@ class KVCacheManager:
         enable_caching: Prefix caching on.
         use_eagle: EAGLE speculative decoding: the last block of every cache
             hit is recomputed (the draft model needs its hidden states).
-        hash_algorithm: ``"sha256"`` (reproducible, collision resistant) or
-            ``"fast"`` (for simulation).
+        hash_algorithm: ``"sha256"`` (reproducible, collision resistant),
+            ``"xxh3_128"`` (reproducible across processes and about twice as
+            fast, not collision resistant against crafted prompts; needs
+            ``pip install 'kvcore[xxhash]'``) or ``"fast"`` (for simulation).
         enable_kv_cache_events: Queue events for :meth:`take_events`.
         log_stats: Gather lookup statistics in :attr:`prefix_cache_stats`.
             ``False`` leaves it ``None`` (as the reference engine's

@@ -65,8 +65,9 @@ class SimulationOptions:
         dtype: KV cache dtype (default: the model's).
         hybrid: ``False``: plan sliding-window and chunked layers as full
             attention, as engines without the hybrid manager do.
-        hash_algorithm: ``"fast"`` (default: cheaper, fine for simulation) or
-            ``"sha256"`` (what a multi-process engine uses).
+        hash_algorithm: ``"fast"`` (default: cheaper, fine for simulation),
+            ``"sha256"`` (what a multi-process engine uses) or ``"xxh3_128"``
+            (stable across processes, cheaper than ``"sha256"``).
         enable_caching: Prefix caching on (off: every prompt is computed in
             full; the ceiling is still reported).
         scheduler: Scheduler limits and step cost.
