@@ -1,45 +1,49 @@
-"""Throughput of the allocation path, kvcore against vLLM 0.14 in the same process.
+"""The allocation path per operation, kvcore against vLLM 0.14 in the same process.
 
 The op sequence comes from real prompts (the Mooncake conversation trace,
 block size 16): a small continuous-batching loop admits requests (cache
 lookup, then one allocation for the uncached prompt), grows every running
 request by one decode token per step, preempts the newest request when the
-pool is full and frees requests when they finish. The sequence is recorded
-once, then replayed through each implementation; every result (hit length,
-block ids, refusals) is compared, so the timing also proves both behave the
-same.
+pool is full and frees requests when they finish. It starts from an *aged*
+pool (every block used, cached and freed; see ``_replay.py``). The sequence
+is recorded once, then replayed through each implementation and hash option
+in interleaved rounds whose order rotates; every result (hit length, block
+ids, refusals) of every replay is compared with vLLM's ``sha256`` replay, so
+the timing also proves both behave the same.
+
+Figures are medians over the rounds with the min–max spread, per operation
+(lookup, admission, decode, free; see ``_replay.py``), with the clock reads
+subtracted. Then the memory of a pool of 1,000,000 blocks, fresh and aged.
 
 Run::
 
     python benchmarks/bench_allocation.py            # kvcore alone
-    VENV/bin/python benchmarks/bench_allocation.py   # with vLLM installed: + ratio
-
-Ops counted: request creation, lookup, admission, decode allocation, free.
+    VENV/bin/python benchmarks/bench_allocation.py   # with vLLM installed: + ratios
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import sys
 import time
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from _common import CONVERSATION_TRACE, best_of_interleaved, import_vllm
-from _replay import (
-    ADMIT,
-    DECODE,
-    FREE,
-    LOOKUP,
-    NEW,
-    PREEMPT,
-    Case,
-    record_ops,
-    replay_kvcore,
-    replay_vllm,
+from _common import (
+    CONVERSATION_TRACE,
+    VLLM_HASHES,
+    Spread,
+    first_difference,
+    import_vllm,
+    interleaved_rounds,
+    print_load,
+    timer_overhead,
+    vllm_hash_available,
 )
+from _replay import CATEGORIES, Case, Recording, Replay, record_ops, replay_kvcore, replay_vllm
 
 import kvcore
 from kvcore._trace import read_mooncake_trace
@@ -55,6 +59,9 @@ FULL_ATTENTION = Case(
     ],
 )
 
+#: kvcore hash algorithm -> the vLLM option it is compared with.
+PAIRS = {"sha256": "sha256", "xxh3_128": "xxhash"}
+
 
 def _torch_dtype(name: str) -> Any:
     import torch
@@ -62,20 +69,201 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def measure_pool_build(make: Callable[[], Any]) -> tuple[float, float]:
-    """Seconds to build a pool and traced bytes it holds."""
-    gc.collect()
-    start = time.perf_counter()
-    pool = make()
-    seconds = time.perf_counter() - start
-    del pool
+def bench_replay(args: argparse.Namespace, vllm: Any | None) -> bool:
+    """Per-operation times of every implementation; False if any result differed."""
+    trace = list(read_mooncake_trace(args.trace, limit=args.requests))
+    prompts = [r.prompt_token_ids for r in trace]
+    outputs = [min(r.output_length, args.max_output) for r in trace]
+    rec = record_ops(
+        FULL_ATTENTION,
+        prompts,
+        outputs,
+        args.num_blocks,
+        args.block_size,
+        args.max_running,
+        aged=not args.fresh,
+    )
+    kinds = rec.kind_counts()
+    counts = rec.counts()
+    print(
+        f"op sequence: {len(rec.ops) - rec.timed_from} timed ops from {len(prompts)} Mooncake "
+        f"requests (block size {args.block_size}, {args.num_blocks} blocks, "
+        f"{'fresh pool' if args.fresh else f'aged pool: {rec.timed_from} untimed ageing ops'}): "
+        f"{kinds[0]} new, {kinds[1]} lookups, {kinds[2]} admissions, {kinds[3]} decode "
+        f"allocations, {kinds[4]} frees, {kinds[5]} preemptions"
+    )
+    candidates: dict[str, Callable[[], Callable[[], Replay]]] = {}
+    for algorithm in kvcore.HASH_ALGORITHMS:
+        candidates[f"kvcore {algorithm}"] = _kvcore_run(rec, algorithm)
+    if vllm is not None:
+        for name in VLLM_HASHES:
+            if vllm_hash_available(vllm, name):
+                candidates[f"vLLM {name}"] = _vllm_run(vllm, rec, name)
+            else:
+                print(f"  (vLLM {name}: not available here, e.g. the xxhash package is missing)")
+    overhead = timer_overhead()
+
+    def measure(run: Callable[[], Replay]) -> tuple[list[float], list[Any]]:
+        replay = run()
+        per_op = replay.per_op(counts, overhead)
+        total = (sum(replay.seconds) - sum(replay.clock_reads) * overhead) / sum(counts)
+        return [*per_op, total], replay.results
+
+    measured = interleaved_rounds(args.rounds, candidates, measure)
+    reference_name = "vLLM sha256" if vllm is not None else "kvcore sha256"
+    reference = measured[reference_name][1]
+    ok = True
+    for name, (_, results) in measured.items():
+        if results != reference:
+            where = first_difference(results, reference)
+            print(f"ERROR: {name} differs from {reference_name}: {where}")
+            ok = False
+    columns = [*CATEGORIES, "all ops"]
+    print(
+        f"µs per operation, median (min–max) of {args.rounds} interleaved rounds; "
+        f"{overhead * 1e9:.0f} ns of clock reads subtracted per op"
+    )
+    print_load()
+    header = "".join(
+        f"{c + f' ({n})':>24}" for c, n in zip(columns, [*counts, sum(counts)], strict=True)
+    )
+    print(f"  {'implementation':<18}{header}")
+    spreads: dict[str, list[Spread]] = {}
+    for name, (samples, _) in measured.items():
+        spreads[name] = [Spread([s[i] for s in samples]) for i in range(len(columns))]
+        print(f"  {name:<18}" + "".join(f"{s.fmt():>24}" for s in spreads[name]))
+    if vllm is not None:
+        print("  ratio vLLM / kvcore (median of each):")
+        for algorithm, vllm_name in PAIRS.items():
+            k, v = f"kvcore {algorithm}", f"vLLM {vllm_name}"
+            if k in spreads and v in spreads:
+                ratios = [b.median / a.median for a, b in zip(spreads[k], spreads[v], strict=True)]
+                print(f"  {k + ' vs ' + vllm_name:<30}" + "".join(f"{r:>18.2f}x" for r in ratios))
+        print(f"  identical results (hit lengths, block ids, refusals) in every replay: {ok}")
+    return ok
+
+
+def _kvcore_run(rec: Recording, algorithm: str) -> Callable[[], Callable[[], Replay]]:
+    def prepare() -> Callable[[], Replay]:
+        return lambda: replay_kvcore(FULL_ATTENTION, rec, algorithm)
+
+    return prepare
+
+
+def _vllm_run(vllm: Any, rec: Recording, name: str) -> Callable[[], Callable[[], Replay]]:
+    def prepare() -> Callable[[], Replay]:
+        return lambda: replay_vllm(vllm, FULL_ATTENTION, rec, name)
+
+    return prepare
+
+
+# -- pool memory, fresh and aged ----------------------------------------------------------------
+
+
+class _Hashes:
+    """A stand-in request: just the block hashes (what a pool's caching reads)."""
+
+    def __init__(self, request_id: str, block_hashes: list[Any]) -> None:
+        self.request_id = request_id
+        self.block_hashes = block_hashes
+        self.lora_id = None
+        self.lora_name = None
+
+
+def _digests(start: int, count: int, algorithm: str) -> list[Any]:
+    """``count`` distinct hash values of the type ``algorithm`` produces."""
+    if algorithm == "sha256":
+        return [
+            hashlib.sha256(i.to_bytes(8, "little")).digest() for i in range(start, start + count)
+        ]
+    if algorithm == "xxh3_128":
+        return [hashlib.md5(i.to_bytes(8, "little")).digest() for i in range(start, start + count)]
+    return [hash((i, "kvcore-bench")) for i in range(start, start + count)]
+
+
+def age_kvcore(pool: Any, num_blocks: int, bs: int, algorithm: str, chunk: int = 64) -> None:
+    """Allocate every block in requests of ``chunk`` blocks, cache them all, free all."""
+    tables = []
+    done = 0
+    while done < num_blocks - 1:
+        n = min(chunk, num_blocks - 1 - done)
+        blocks = pool.get_new_blocks(n)
+        pool.cache_full_blocks(
+            _Hashes(str(done), _digests(done, n, algorithm)), blocks, 0, n, bs, 0
+        )
+        tables.append(blocks)
+        done += n
+    for blocks in tables:
+        pool.free_blocks(blocks[::-1])
+
+
+def age_vllm(pool: Any, num_blocks: int, bs: int, chunk: int = 64) -> None:
+    """The same ageing through vLLM's BlockPool (sha256-sized hashes)."""
+    tables = []
+    done = 0
+    while done < num_blocks - 1:
+        n = min(chunk, num_blocks - 1 - done)
+        blocks = pool.get_new_blocks(n)
+        pool.cache_full_blocks(_Hashes(str(done), _digests(done, n, "sha256")), blocks, 0, n, bs, 0)
+        tables.append(blocks)
+        done += n
+    for blocks in tables:
+        pool.free_blocks(reversed(blocks))
+
+
+def traced_bytes(make: Callable[[], Any]) -> tuple[float, int, Any]:
+    """Seconds to run ``make``, the bytes it left allocated (tracemalloc), its result."""
     gc.collect()
     tracemalloc.start()
-    pool = make()
+    start = time.perf_counter()
+    value = make()
+    seconds = time.perf_counter() - start
+    gc.collect()
     size, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    del pool
-    return seconds, size
+    return seconds, size, value
+
+
+def bench_memory(args: argparse.Namespace, vllm: Any | None) -> None:
+    n = args.pool_blocks
+    bs = args.block_size
+    print(
+        f"\nPool of {n:,} blocks: bytes per block held (tracemalloc), fresh and aged "
+        "(every block allocated, cached with a distinct hash, freed; the hashes are held "
+        "by the pool alone)"
+    )
+    print_load()
+    print(f"  {'implementation':<28}{'build s':>9}{'fresh B/block':>15}{'aged B/block':>14}")
+    rows = [("kvcore, sha256 hashes", lambda: kvcore.BlockPool(n), "sha256")]
+    rows.append(("kvcore, 16-byte hashes", lambda: kvcore.BlockPool(n), "xxh3_128"))
+    rows.append(("kvcore, fast (int) hashes", lambda: kvcore.BlockPool(n), "fast"))
+    for label, make, algorithm in rows:
+        secs, fresh, pool = traced_bytes(make)
+        del pool
+        _, aged, pool = traced_bytes(lambda make=make, a=algorithm: _aged(make(), n, bs, a))
+        del pool
+        print(f"  {label:<28}{secs:>9.3f}{fresh / n:>15.1f}{aged / n:>14.1f}")
+    if vllm is not None:
+
+        def make_vllm() -> Any:
+            return vllm.block_pool.BlockPool(n, True, bs)
+
+        secs, fresh, pool = traced_bytes(make_vllm)
+        del pool
+        _, aged, pool = traced_bytes(lambda: _aged_vllm(make_vllm(), n, bs))
+        del pool
+        label = f"vLLM {vllm.version}, sha256 hashes"
+        print(f"  {label:<28}{secs:>9.3f}{fresh / n:>15.1f}{aged / n:>14.1f}")
+
+
+def _aged(pool: Any, n: int, bs: int, algorithm: str) -> Any:
+    age_kvcore(pool, n, bs, algorithm)
+    return pool
+
+
+def _aged_vllm(pool: Any, n: int, bs: int) -> Any:
+    age_vllm(pool, n, bs)
+    return pool
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,74 +279,20 @@ def main(argv: list[str] | None = None) -> int:
         default=128,
         help="cap on decode tokens per request (keeps the run short)",
     )
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")
+    parser.add_argument("--fresh", action="store_true", help="start from a never-used pool")
     parser.add_argument("--pool-blocks", type=int, default=1_000_000)
+    parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--no-vllm", action="store_true")
     args = parser.parse_args(argv)
 
-    trace = list(read_mooncake_trace(args.trace, limit=args.requests))
-    prompts = [r.prompt_token_ids for r in trace]
-    outputs = [min(r.output_length, args.max_output) for r in trace]
-    ops = record_ops(
-        FULL_ATTENTION, prompts, outputs, args.num_blocks, args.block_size, args.max_running
-    )
-    counts = [sum(1 for op in ops if op[0] == k) for k in range(6)]
-    print(
-        f"op sequence: {len(ops)} ops from {len(prompts)} Mooncake requests "
-        f"(block size {args.block_size}, {args.num_blocks} blocks): "
-        f"{counts[NEW]} new, {counts[LOOKUP]} lookups, {counts[ADMIT]} admissions, "
-        f"{counts[DECODE]} decode allocations, {counts[FREE]} frees, "
-        f"{counts[PREEMPT]} preemptions"
-    )
-    runs = {
-        "kvcore (sha256)": lambda: replay_kvcore(
-            FULL_ATTENTION, ops, prompts, args.num_blocks, args.block_size, "sha256"
-        ),
-        "kvcore (fast hash)": lambda: replay_kvcore(
-            FULL_ATTENTION, ops, prompts, args.num_blocks, args.block_size, "fast"
-        ),
-    }
     vllm = None if args.no_vllm else import_vllm()
-    if vllm is not None:
-        runs[f"vLLM {vllm.version}"] = lambda: replay_vllm(
-            vllm, FULL_ATTENTION, ops, prompts, args.num_blocks, args.block_size
-        )
-    best = best_of_interleaved(args.repeat, runs)
-    rows = [(name, seconds) for name, (seconds, _) in best.items()]
-    t_kv, res_kv = best["kvcore (sha256)"]
-    if best["kvcore (fast hash)"][1] != res_kv:
-        print("ERROR: kvcore results differ between hash algorithms")
-        return 1
-    if vllm is not None:
-        t_vl, res_vl = best[f"vLLM {vllm.version}"]
-    for name, seconds in rows:
-        print(
-            f"  {name:<22} {len(ops) / seconds:>12,.0f} ops/s  "
-            f"{seconds / len(ops) * 1e6:>7.2f} µs/op  ({seconds:.3f} s)"
-        )
-    if vllm is not None:
-        same = res_vl == res_kv
-        print(f"  identical results (hit lengths, block ids, refusals): {same}")
-        print(f"  kvcore/vLLM throughput ratio (sha256 both): {t_vl / t_kv:.2f}x")
-        if not same:
-            first = next(i for i, (a, b) in enumerate(zip(res_kv, res_vl, strict=False)) if a != b)
-            print(
-                f"  first difference at result {first}: kvcore={res_kv[first]} vllm={res_vl[first]}"
-            )
-            return 1
-    else:
-        print("  vLLM not importable: no ratio (see README, 'Benchmarks')")
-
-    n = args.pool_blocks
-    secs, size = measure_pool_build(lambda: kvcore.BlockPool(n))
-    print(f"pool of {n:,} blocks: kvcore build {secs:.3f} s, {size / n:.1f} bytes/block")
-    if vllm is not None:
-        vsecs, vsize = measure_pool_build(
-            lambda: vllm.block_pool.BlockPool(n, True, args.block_size)
-        )
-        print(f"pool of {n:,} blocks: vLLM   build {vsecs:.3f} s, {vsize / n:.1f} bytes/block")
-        print(f"  build {vsecs / secs:.1f}x faster, {vsize / size:.1f}x less memory")
-    return 0
+    if vllm is None:
+        print("vLLM not importable: kvcore alone, no ratios (see README, 'Benchmarks')")
+    ok = bench_replay(args, vllm)
+    if not args.skip_memory:
+        bench_memory(args, vllm)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

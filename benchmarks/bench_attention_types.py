@@ -1,22 +1,27 @@
 """Every attention type's allocation path, and the long-context sliding-window lookup.
 
-Part 1, allocation path: for each attention type (and two hybrid models) an
-op sequence is recorded from real prompts (the Mooncake conversation trace,
-block size 16) with a small continuous-batching loop: admission = cache
-lookup + one allocation for the uncached prompt, one decode token per running
-request per step, preemption of the newest request when the pool is full,
-free on finish. The sequence is replayed through kvcore and, when it is
-importable, through vLLM 0.14's ``KVCacheManager`` with the equivalent specs
-in the same process; every result (hit lengths and hit blocks per group, new
-block ids per group, refusals) must be identical. Prints ops/s, µs/op and
-the throughput ratio.
+Part 1, allocation path per operation: for each attention type (and two
+hybrid models) an op sequence is recorded from real prompts (the Mooncake
+conversation trace, block size 16) with a small continuous-batching loop:
+admission = cache lookup + one allocation for the uncached prompt, one decode
+token per running request per step, preemption of the newest request when the
+pool is full, free on finish, starting from an aged pool (``_replay.py``).
+The sequence is replayed through kvcore and, when it is importable, through
+vLLM 0.14's ``KVCacheManager`` with the equivalent specs in the same process,
+in interleaved rounds whose order rotates; every result (hit lengths and hit
+blocks per group, new block ids per group, refusals) must be identical.
+Prints, per type and operation (lookup, admission, decode, free), the median
+µs per operation with its min–max spread, and the ratio of the medians.
 
-Part 2, sliding-window lookup with few hits: a prompt of 8k, 32k and 128k
-tokens, window 128, block 16 (8 contiguous blocks needed), 2 % of the
-blocks cached at random positions (never a full window). Compares the number
-of cache probes and the time of kvcore's jump search, a plain right-to-left
-scan (the reference algorithm, probing every block) and vLLM 0.14's
-``SlidingWindowManager.find_longest_cache_hit``; all must return the same hit.
+Part 2, sliding-window lookup: a prompt of 8k, 32k and 128k tokens, window
+128, block 16 (8 contiguous blocks needed), with none of its blocks cached,
+2 % cached at random positions (no full window: a miss that still searches
+the whole prompt), its first half cached (a hit of half the prompt) and all
+of it cached. Compares the number of cache probes and the time of kvcore's
+jump search, a plain right-to-left scan (the reference algorithm, probing
+every block) and vLLM 0.14's ``SlidingWindowManager.find_longest_cache_hit``
+over pools caching the same blocks under the same ids; all three must return
+the same blocks.
 
 Run::
 
@@ -27,7 +32,6 @@ Run::
 from __future__ import annotations
 
 import argparse
-import gc
 import hashlib
 import random
 import sys
@@ -35,8 +39,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from _common import CONVERSATION_TRACE, import_vllm
-from _replay import Case, record_ops, replay_kvcore, replay_vllm
+from _common import (
+    CONVERSATION_TRACE,
+    Spread,
+    first_difference,
+    import_vllm,
+    interleaved_rounds,
+    print_load,
+    timer_overhead,
+)
+from _replay import CATEGORIES, Case, Replay, record_ops, replay_kvcore, replay_vllm
 
 import kvcore
 from kvcore._trace import read_mooncake_trace
@@ -171,54 +183,61 @@ def bench_allocation_paths(args: argparse.Namespace, vllm: Any | None) -> bool:
     prompts = [r.prompt_token_ids[: args.max_prompt] for r in trace]
     outputs = [min(r.output_length, args.max_output) for r in trace]
     bs = args.block_size
+    overhead = timer_overhead()
     print(
         f"Allocation path: {len(prompts)} Mooncake requests (prompts capped at "
         f"{args.max_prompt} tokens, decode at {args.max_output}), block size {bs}, "
-        f"{args.num_blocks} blocks per group, at most {args.max_running} running"
+        f"{args.num_blocks} blocks per group, at most {args.max_running} running, "
+        f"{'fresh' if args.fresh else 'aged'} pool; µs per operation, median (min–max) of "
+        f"{args.rounds} interleaved rounds, {overhead * 1e9:.0f} ns of clock reads subtracted"
     )
-    header = f"  {'type':<24}{'ops':>7}{'kvcore ops/s':>14}{'µs/op':>8}"
+    print_load()
+    header = f"  {'type':<24}{'op':<11}{'n':>6}{'kvcore µs':>22}"
     if vllm is not None:
-        header += f"{'vLLM ops/s':>12}{'µs/op':>8}{'ratio':>7}  same"
+        header += f"{'vLLM µs':>22}{'ratio':>8}"
     print(header)
     all_same = True
     for case in CASES:
         if args.only and case.name not in args.only:
             continue
         num_blocks = args.num_blocks * len(case.kvcore_specs(bs)) + 8
-        ops = record_ops(case, prompts, outputs, num_blocks, bs, args.max_running)
-        best_kv = best_vl = float("inf")
-        res_kv = res_vl = None
-        for _ in range(args.repeat):  # alternate, so machine drift hits both alike
-            gc.collect()
-            start = time.perf_counter()
-            res_kv = replay_kvcore(case, ops, prompts, num_blocks, bs)
-            best_kv = min(best_kv, time.perf_counter() - start)
-            if vllm is not None:
-                gc.collect()
-                start = time.perf_counter()
-                res_vl = replay_vllm(vllm, case, ops, prompts, num_blocks, bs)
-                best_vl = min(best_vl, time.perf_counter() - start)
-        line = (
-            f"  {case.name:<24}{len(ops):>7}{len(ops) / best_kv:>14,.0f}"
-            f"{best_kv / len(ops) * 1e6:>8.2f}"
+        rec = record_ops(
+            case, prompts, outputs, num_blocks, bs, args.max_running, aged=not args.fresh
         )
+        counts = rec.counts()
+        candidates = {"kvcore": _prepare(lambda c=case, r=rec: replay_kvcore(c, r))}
         if vllm is not None:
-            same = res_kv == res_vl
-            all_same &= same
-            line += (
-                f"{len(ops) / best_vl:>12,.0f}{best_vl / len(ops) * 1e6:>8.2f}"
-                f"{best_vl / best_kv:>6.2f}x  {'yes' if same else 'NO'}"
-            )
-            if not same:
-                first = next(
-                    i for i, (a, b) in enumerate(zip(res_kv, res_vl, strict=False)) if a != b
-                )
-                line += f"\n    first difference at result {first}: kvcore={res_kv[first]!r:.200}"
-                line += f"\n    {'':>30}vLLM={res_vl[first]!r:.200}"
-        if case.note:
-            line += f"  ({case.note})"
-        print(line)
+            candidates["vLLM"] = _prepare(lambda c=case, r=rec: replay_vllm(vllm, c, r))
+
+        def measure(run: Callable[[], Replay], counts: list[int] = counts) -> tuple[Any, Any]:
+            replay = run()
+            total = (sum(replay.seconds) - sum(replay.clock_reads) * overhead) / sum(counts)
+            return [*replay.per_op(counts, overhead), total], replay.results
+
+        measured = interleaved_rounds(args.rounds, candidates, measure)
+        same = vllm is None or measured["kvcore"][1] == measured["vLLM"][1]
+        all_same &= same
+        for index, op in enumerate([*CATEGORIES, "all ops"]):
+            n = counts[index] if index < len(counts) else sum(counts)
+            kv = Spread([s[index] for s in measured["kvcore"][0]])
+            line = f"  {case.name if index == 0 else '':<24}{op:<11}{n:>6}{kv.fmt():>22}"
+            if vllm is not None:
+                vl = Spread([s[index] for s in measured["vLLM"][0]])
+                line += f"{vl.fmt():>22}{vl.median / kv.median:>7.2f}x"
+            if index == 0 and case.note:
+                line += f"  ({case.note})"
+            print(line)
+        if vllm is not None:
+            if same:
+                print(f"  {'':<24}identical results: yes")
+            else:
+                where = first_difference(measured["kvcore"][1], measured["vLLM"][1])
+                print(f"  {'':<24}RESULTS DIFFER at {where}")
     return all_same
+
+
+def _prepare(run: Callable[[], Replay]) -> Callable[[], Callable[[], Replay]]:
+    return lambda: run
 
 
 # -- part 2: the long-context sliding-window lookup -------------------------------------------
@@ -274,13 +293,49 @@ def plain_scan(
     return tuple(lst[:keep] for lst in out)
 
 
-def _time(repeat: int, run: Callable[[], Any]) -> tuple[float, Any]:
-    best, result = float("inf"), None
-    for _ in range(repeat):
+#: Which blocks of the prompt are cached, by scenario name.
+PATTERNS = ("none", "scattered", "first half", "all")
+
+
+def cached_pattern(pattern: str, n: int, density: float, rng: random.Random) -> list[bool]:
+    """Which of the prompt's ``n`` blocks are cached in the scenario ``pattern``.
+
+    ``none``: nothing (a miss); ``scattered``: each block with probability
+    ``density`` (a miss at the default 2 %, the search still covering the
+    whole prompt); ``first half``: the prompt shares its first half with an
+    earlier request (a hit of half the prompt); ``all``: the whole prompt was
+    seen before (a hit of all but the last token's block).
+    """
+    if pattern == "none":
+        return [False] * n
+    if pattern == "scattered":
+        return [rng.random() < density for _ in range(n)]
+    if pattern == "first half":
+        return [i < n // 2 for i in range(n)]
+    return [True] * n
+
+
+def _per_call(run: Callable[[], Any], min_seconds: float = 2e-3) -> Callable[[], Any]:
+    """A callable that runs ``run`` enough times to last ``min_seconds``; returns s/call."""
+    start = time.perf_counter()
+    run()
+    once = max(time.perf_counter() - start, 1e-7)
+    calls = max(1, int(min_seconds / once))
+
+    def timed() -> tuple[float, Any]:
         start = time.perf_counter()
-        result = run()
-        best = min(best, time.perf_counter() - start)
-    return best, result
+        for _ in range(calls):
+            result = run()
+        return (time.perf_counter() - start) / calls, result
+
+    return timed
+
+
+def _kvcore_lookup(pool: Any, spec: SlidingWindowSpec, hashes: list[bytes], length: int) -> Any:
+    """kvcore's sliding-window hit search (the jump search) on ``pool``."""
+    return SlidingWindowManager.find_longest_cache_hit(
+        HitQuery(hashes, length, [0], pool, spec, False, spec.block_size)
+    )
 
 
 def bench_sliding_window_lookup(args: argparse.Namespace, vllm: Any | None) -> bool:
@@ -289,89 +344,90 @@ def bench_sliding_window_lookup(args: argparse.Namespace, vllm: Any | None) -> b
     spec = SlidingWindowSpec(block_size=bs, sliding_window=window, **ATTENTION)
     needed = -(-(window - 1) // bs)
     print(
-        f"\nSliding-window lookup, few hits: window {window}, block {bs} ({needed} contiguous "
-        f"blocks needed), {args.density:.0%} of blocks cached at random, best of {args.repeat}"
+        f"\nSliding-window lookup: window {window}, block {bs} ({needed} contiguous blocks "
+        f"needed); cached blocks: none, scattered ({args.density:.0%} at random), the first "
+        f"half of the prompt, all of it. Time per lookup, median (min–max) of {args.rounds} "
+        "interleaved rounds; probes = cache lookups"
     )
-    header = f"  {'tokens':>7}{'blocks':>7}  {'jump':>15}  {'plain scan':>15}"
+    print_load()
+    header = f"  {'tokens':>7}  {'cached':<11}{'hit':>7}  {'jump: probes, µs':>28}"
+    header += f"  {'plain scan: probes, µs':>30}"
     if vllm is not None:
-        header += f"  {'vLLM 0.14':>15}  jump speed-up vs plain / vs vLLM"
-    else:
-        header += "  jump speed-up vs plain"
+        header += f"  {'vLLM 0.14: probes, µs':>30}  {'vs vLLM':>7}"
     print(header)
     all_same = True
     for num_tokens in args.lengths:
         n = num_tokens // bs
-        rng = random.Random(num_tokens)
-        cached = [rng.random() < args.density for _ in range(n)]
         hashes = [hashlib.sha256(b"%d" % i).digest() for i in range(n)]
-        pool = kvcore.BlockPool(n + 1)
-        request = kvcore.Request("lookup", [0] * num_tokens)
-        request.block_hashes.extend(hashes)
-        table = [kvcore.NULL_BLOCK] * n
-        for i in range(n):
-            if cached[i]:
-                table[i] = pool.get_new_blocks(1)[0]
-        pool.cache_full_blocks(request, table, 0, n, bs, 0)
+        for pattern in PATTERNS:
+            cached = cached_pattern(pattern, n, args.density, random.Random(num_tokens))
+            pool = kvcore.BlockPool(n + 1)
+            request = kvcore.Request("lookup", [0] * num_tokens)
+            request.block_hashes.extend(hashes)
+            table = [kvcore.NULL_BLOCK] * n
+            for i in range(n):
+                if cached[i]:
+                    table[i] = pool.get_new_blocks(1)[0]
+            pool.cache_full_blocks(request, table, 0, n, bs, 0)
 
-        def jump(pool: Any = pool, hashes: list[bytes] = hashes, length: int = num_tokens) -> Any:
-            return SlidingWindowManager.find_longest_cache_hit(
-                HitQuery(hashes, length, [0], pool, spec, False, bs)
+            def jump(pool: Any = pool, hashes: list[bytes] = hashes, n: int = num_tokens) -> Any:
+                return _kvcore_lookup(pool, spec, hashes, n)
+
+            def plain(pool: Any = pool, hashes: list[bytes] = hashes, n: int = num_tokens) -> Any:
+                return plain_scan(hashes, n, [0], pool, spec, False, bs)
+
+            candidates = {"jump": (jump, pool), "plain": (plain, pool)}
+            if vllm is not None:
+                candidates["vLLM"] = _vllm_lookup(vllm, spec, hashes, cached, num_tokens)
+            probes = {}
+            for name, (run, its_pool) in candidates.items():
+                counting = CountingPool(its_pool)
+                run(counting)
+                probes[name] = counting.probes
+            measured = interleaved_rounds(
+                args.rounds,
+                {name: (lambda run=run: _per_call(run)) for name, (run, _) in candidates.items()},
+                measure=lambda timed: timed(),
             )
-
-        def plain(pool: Any = pool, hashes: list[bytes] = hashes, length: int = num_tokens) -> Any:
-            return plain_scan(hashes, length, [0], pool, spec, False, bs)
-
-        t_jump, r_jump = _time(args.repeat, jump)
-        t_plain, r_plain = _time(args.repeat, plain)
-        counting = CountingPool(pool)
-        jump(counting)
-        p_jump = counting.probes
-        counting = CountingPool(pool)
-        plain(counting)
-        p_plain = counting.probes
-        same = r_jump == r_plain
-        line = (
-            f"  {num_tokens:>7}{n:>7}  {p_jump:>5} {t_jump * 1e6:>7.0f} µs"
-            f"  {p_plain:>5} {t_plain * 1e6:>7.0f} µs"
-        )
-        ratio = f"{t_plain / t_jump:.1f}x"
-        if vllm is not None:
-            t_vl, p_vl, r_vl = _vllm_lookup(vllm, args, spec, hashes, cached, num_tokens)
-            same &= r_vl == [b for b in r_jump[0]]
-            line += f"  {p_vl:>5} {t_vl * 1e6:>7.0f} µs"
-            ratio += f" / {t_vl / t_jump:.1f}x"
-        all_same &= same
-        hit = len(r_jump[0]) * bs
-        print(f"{line}  {ratio}  (hit {hit} tokens{'' if same else ', RESULTS DIFFER'})")
-    print("  columns: probes (cache lookups) and best time per lookup")
+            hits = {name: [list(g) for g in result] for name, (_, result) in measured.items()}
+            same = all(h == hits["jump"] for h in hits.values())
+            all_same &= same
+            times = {name: Spread(samples) for name, (samples, _) in measured.items()}
+            hit_tokens = len(hits["jump"][0]) * bs
+            line = f"  {num_tokens:>7}  {pattern:<11}{hit_tokens:>7}"
+            for name in candidates:
+                line += f"  {probes[name]:>6} {times[name].fmt():>23}"
+            if vllm is not None:
+                line += f"  {times['vLLM'].median / times['jump'].median:>6.1f}x"
+            print(line + ("" if same else "  RESULTS DIFFER"))
+    print(
+        "  hit: tokens found (the same for all three implementations, block for block, "
+        "or the line says RESULTS DIFFER)"
+    )
     return all_same
 
 
 def _vllm_lookup(
-    vllm: Any,
-    args: argparse.Namespace,
-    spec: SlidingWindowSpec,
-    hashes: list[bytes],
-    cached: list[bool],
-    num_tokens: int,
-) -> tuple[float, int, list[int]]:
+    vllm: Any, spec: SlidingWindowSpec, hashes: list[bytes], cached: list[bool], num_tokens: int
+) -> tuple[Callable[..., Any], Any]:
+    """vLLM's sliding-window search, and a vLLM pool caching the same blocks (same ids)."""
     from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
     from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager as VSWManager
 
     bs = spec.block_size
     n = len(hashes)
-    pool = vllm.block_pool.BlockPool(n + 1, True, bs)
+    vllm_pool = vllm.block_pool.BlockPool(n + 1, True, bs)
     next_id = 1
     for i in range(n):
         if cached[i]:
-            pool.cached_block_hash_to_block.insert(
-                make_block_hash_with_group_id(hashes[i], 0), pool.blocks[next_id]
+            vllm_pool.cached_block_hash_to_block.insert(
+                make_block_hash_with_group_id(hashes[i], 0), vllm_pool.blocks[next_id]
             )
             next_id += 1
     v_spec = _v_attn(vllm, "SlidingWindowSpec", bs, sliding_window=spec.sliding_window)
 
-    def lookup(pool: Any = pool) -> Any:
-        return VSWManager.find_longest_cache_hit(
+    def lookup(pool: Any = vllm_pool) -> Any:
+        result = VSWManager.find_longest_cache_hit(
             block_hashes=hashes,
             max_length=num_tokens,
             kv_cache_group_ids=[0],
@@ -380,11 +436,9 @@ def _vllm_lookup(
             use_eagle=False,
             alignment_tokens=bs,
         )
+        return tuple([b.block_id for b in group] for group in result)
 
-    t, result = _time(args.repeat, lookup)
-    counting = CountingPool(pool)
-    lookup(counting)
-    return t, counting.probes, [b.block_id for b in result[0]]
+    return lookup, vllm_pool
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-blocks", type=int, default=6000)
     parser.add_argument("--max-running", type=int, default=16)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")
+    parser.add_argument("--fresh", action="store_true", help="start from a never-used pool")
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--density", type=float, default=0.02)
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768, 131072])
