@@ -370,15 +370,18 @@ def bench_sliding_window_lookup(args: argparse.Namespace, vllm: Any | None) -> b
                     table[i] = pool.get_new_blocks(1)[0]
             pool.cache_full_blocks(request, table, 0, n, bs, 0)
 
-            def jump(pool: Any = pool, hashes: list[bytes] = hashes, n: int = num_tokens) -> Any:
+            # As get_computed_blocks asks: the last prompt token is always recomputed.
+            limit = num_tokens - 1
+
+            def jump(pool: Any = pool, hashes: list[bytes] = hashes, n: int = limit) -> Any:
                 return _kvcore_lookup(pool, spec, hashes, n)
 
-            def plain(pool: Any = pool, hashes: list[bytes] = hashes, n: int = num_tokens) -> Any:
+            def plain(pool: Any = pool, hashes: list[bytes] = hashes, n: int = limit) -> Any:
                 return plain_scan(hashes, n, [0], pool, spec, False, bs)
 
             candidates = {"jump": (jump, pool), "plain": (plain, pool)}
             if vllm is not None:
-                candidates["vLLM"] = _vllm_lookup(vllm, spec, hashes, cached, num_tokens)
+                candidates["vLLM"] = _vllm_lookup(vllm, spec, hashes, cached, limit)
             probes = {}
             for name, (run, its_pool) in candidates.items():
                 counting = CountingPool(its_pool)
@@ -408,7 +411,7 @@ def bench_sliding_window_lookup(args: argparse.Namespace, vllm: Any | None) -> b
 
 
 def _vllm_lookup(
-    vllm: Any, spec: SlidingWindowSpec, hashes: list[bytes], cached: list[bool], num_tokens: int
+    vllm: Any, spec: SlidingWindowSpec, hashes: list[bytes], cached: list[bool], max_length: int
 ) -> tuple[Callable[..., Any], Any]:
     """vLLM's sliding-window search, and a vLLM pool caching the same blocks (same ids)."""
     from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
@@ -429,7 +432,7 @@ def _vllm_lookup(
     def lookup(pool: Any = vllm_pool) -> Any:
         result = VSWManager.find_longest_cache_hit(
             block_hashes=hashes,
-            max_length=num_tokens,
+            max_length=max_length,
             kv_cache_group_ids=[0],
             block_pool=pool,
             kv_cache_spec=v_spec,
