@@ -23,7 +23,7 @@ import attrs
 
 from kvcore._boundary import check_cache_hit, checked_count
 from kvcore._config import KVCacheConfig
-from kvcore._coordinator import make_coordinator
+from kvcore._coordinator import KVCacheCoordinator, NoPrefixCacheCoordinator, make_coordinator
 from kvcore._events import KVCacheEvent
 from kvcore._eviction.registry import DEFAULT_POLICY, resolve_policy
 from kvcore._hashing import BlockHasher
@@ -37,10 +37,38 @@ from kvcore.errors import (
     RequestTooLongError,
 )
 from kvcore.eviction import EvictionPolicyFactory
+from kvcore.managers import SingleTypeManager
 
 __all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
 
 _INT = {int}
+
+# A limit no token count reaches (the decode fast path's "never").
+_NO_LIMIT = 2**62
+
+
+def _has_fast_decode(coordinator: KVCacheCoordinator) -> bool:
+    """Whether every group follows the base class in what the decode fast path skips.
+
+    The fast path of ``allocate_slots`` answers "nothing to do" without
+    calling the managers: valid only for managers whose allocation count,
+    allocation, caching and (for types that free skipped blocks) removal of
+    skipped blocks are the base class's. A plugin overriding any of them
+    (e.g. room for speculative states) takes the full path on every call.
+    """
+    base = SingleTypeManager
+    for manager in coordinator.managers:
+        cls = type(manager)
+        if (
+            cls.get_num_blocks_to_allocate is not base.get_num_blocks_to_allocate
+            or cls.allocate_new_blocks is not base.allocate_new_blocks
+        ):
+            return False
+    if any(type(m).cache_blocks is not base.cache_blocks for m in coordinator._cacheable):
+        return False
+    return all(
+        type(m).remove_skipped_blocks is base.remove_skipped_blocks for m in coordinator._windowed
+    )
 
 
 class KVCacheBlocks:
@@ -202,6 +230,19 @@ class KVCacheManager:
         self._free_queue = self.block_pool._free
         self._undo = self.block_pool._undo
         self._no_hits = self.empty_kv_cache_blocks.blocks
+        # The decode fast path (see allocate_slots and _note_decode_limits).
+        coordinator = self.coordinator
+        self._fast_decode = _has_fast_decode(coordinator)
+        self._fast_windowed = tuple(
+            (m.req_to_blocks, m.block_size, m.get_num_skipped_tokens) for m in coordinator._windowed
+        )
+        self._fast_cacheable = (
+            coordinator._cacheable
+            if enable_caching and not isinstance(coordinator, NoPrefixCacheCoordinator)
+            else ()
+        )
+        # Hashing has nothing to do while the tokens fill no new hash unit.
+        self._hash_unit = self.hash_block_size if enable_caching else _NO_LIMIT
 
     # -- queries ----------------------------------------------------------------------
 
@@ -358,6 +399,36 @@ class KVCacheManager:
                 num_external_computed_tokens,
                 num_encoder_tokens,
             )
+        elif self._fast_decode:
+            # The decode fast path: nothing to allocate (the request's slots
+            # suffice in every group), no block completed for the hasher,
+            # none to cache and none left the window. The limits were noted
+            # by the last full call for this request; see _note_decode_limits.
+            num_computed = request.num_computed_tokens
+            num_tokens = len(request._all_token_ids)
+            need = num_computed + num_new_tokens
+            if (
+                need + num_lookahead_tokens <= request._kv_slots
+                and num_computed.__class__ is int
+                and num_computed <= num_tokens
+                and need <= self.max_model_len
+                and (
+                    delay_cache_blocks
+                    or (need if need < num_tokens else num_tokens) < request._kv_cache_at
+                )
+                and num_tokens < (len(request.block_hashes) + 1) * self._hash_unit
+            ):
+                request_id = request.request_id
+                for tables, block_size, skipped_tokens in self._fast_windowed:
+                    skipped = skipped_tokens(num_computed) // block_size
+                    if skipped > 0:
+                        table = tables.get(request_id)
+                        # The base class frees back from the last skipped
+                        # block (as far as the table goes) to the first null.
+                        if table and table[(skipped if skipped < len(table) else len(table)) - 1]:
+                            break  # a block to free: the full path
+                else:
+                    return self.empty_kv_cache_blocks
         request_id = request.request_id
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         num_computed = num_local_computed + num_external_computed_tokens
@@ -430,9 +501,35 @@ class KVCacheManager:
         if not running:
             request._kv_owner = self
             self._requests[request_id] = request
+        if self._fast_decode:
+            self._note_decode_limits(request)
         if not any(new_blocks):
             return self.empty_kv_cache_blocks
         return KVCacheBlocks(new_blocks)
+
+    def _note_decode_limits(self, request: Request) -> None:
+        """Note on ``request`` what the decode fast path of ``allocate_slots`` tests.
+
+        ``_kv_slots``: tokens the request has slots for in every decoder
+        group (a smaller need allocates nothing, in the base class's rule).
+        ``_kv_cache_at``: the computed-token count at which some cacheable
+        group caches its next block. Noted after every full call for the
+        request (and after ``cache_blocks``); the tables change only in those.
+        """
+        request_id = request.request_id
+        slots = _NO_LIMIT
+        for manager in self._decoder_groups:
+            table = manager.req_to_blocks.get(request_id)
+            held = len(table) * manager.block_size if table is not None else 0
+            if held < slots:
+                slots = held
+        request._kv_slots = slots if self._decoder_groups else 0
+        cache_at = _NO_LIMIT
+        for manager in self._fast_cacheable:
+            next_full = (manager.num_cached_block.get(request_id, 0) + 1) * manager.block_size
+            if next_full < cache_at:
+                cache_at = next_full
+        request._kv_cache_at = cache_at
 
     def _check_allocation(
         self,
@@ -589,6 +686,8 @@ class KVCacheManager:
         self._check_slots(request.request_id, num_computed_tokens, "num_computed_tokens")
         self._hasher.update(request)
         self._run(self.coordinator.cache_blocks, request, num_computed_tokens)
+        if self._fast_decode:
+            self._note_decode_limits(request)
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Free the request's blocks that fell out of every windowed type's window.

@@ -73,7 +73,9 @@ class Request:
     __slots__ = (
         "_all_token_ids",
         "_hash_key",
+        "_kv_cache_at",
         "_kv_owner",
+        "_kv_slots",
         "block_hashes",
         "cache_salt",
         "lora_id",
@@ -135,6 +137,11 @@ class Request:
         # The KVCacheManager holding this request's blocks (set by a successful
         # allocate_slots, cleared by free), or None.
         self._kv_owner: object = None
+        # The decode fast path of the owner (see KVCacheManager.allocate_slots):
+        # slots the request has in every decoder group, and the token count at
+        # which its next block gets cached. 0 sends every call the full way.
+        self._kv_slots = 0
+        self._kv_cache_at = 0
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -1,0 +1,184 @@
+"""The fast paths of the engine-facing manager change nothing but speed.
+
+A random engine (admissions with prefix hits, chunked prefill, decode with
+lookahead, delayed caching, preemption, skipped-block removal, frees) drives
+two managers built alike: one as shipped, one with the decode fast path
+switched off, so that every call goes through the coordinator and the
+managers. After every call both must have returned the same thing and hold
+exactly the same state (reference counts, free-queue order, cache map,
+tables, events): the fast path may only skip work the full path would have
+found to be nothing.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+import kvcore
+from kvcore import KVCacheManager, Request
+from kvcore.testing import check_manager_invariants, snapshot
+from kvcore_plugins.full_attention import FullAttentionSpec
+from kvcore_plugins.mamba import MambaSpec
+from kvcore_plugins.sliding_window import SlidingWindowSpec
+
+REGISTRY = kvcore.load_registry(only=["full_attention", "sliding_window", "mamba"])
+
+
+def full(block_size: int = 4) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype="float32")
+
+
+def sw(window: int, block_size: int = 4) -> SlidingWindowSpec:
+    return SlidingWindowSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype="float32", sliding_window=window
+    )
+
+
+def mamba(block_size: int = 4) -> MambaSpec:
+    return MambaSpec(
+        block_size=block_size,
+        shapes=((1, 4),),
+        dtypes=("float32",),
+        mamba_cache_mode="align",
+        num_speculative_blocks=1,
+    )
+
+
+CONFIGS = {
+    "full": [full()],
+    "sliding_window": [sw(6)],
+    "full+sliding_window": [full(), sw(9)],
+    "full+mamba": [full(), mamba()],
+}
+
+
+def make(specs: list[Any], fast: bool, **kwargs: Any) -> KVCacheManager:
+    config = kvcore.KVCacheConfig.from_specs(60, specs)
+    manager = KVCacheManager(config, 256, registry=REGISTRY, **kwargs)
+    if not fast:
+        manager._fast_decode = False
+    return manager
+
+
+def outcome(call: Any) -> object:
+    try:
+        result = call()
+    except kvcore.KVCoreError as error:
+        return ("raised", type(error).__name__)
+    if isinstance(result, kvcore.KVCacheBlocks):
+        return result.get_block_ids()
+    return result
+
+
+def drive(specs: list[Any], seed: int, steps: int, **kwargs: Any) -> int:
+    """Run one random engine on a fast and a slow manager; return the fast decode count."""
+    rng = random.Random(seed)
+    managers = (make(specs, True, **kwargs), make(specs, False, **kwargs))
+    # One Request object per manager (a Request belongs to one manager).
+    requests: tuple[dict[str, Request], dict[str, Request]] = ({}, {})
+    prompts = [[rng.randrange(3) for _ in range(rng.randrange(1, 40))] for _ in range(6)]
+    # The full path of allocate_slots ends by noting the request's limits;
+    # the fast path returns before: count the calls that did not note.
+    noted = [0]
+    note = managers[0]._note_decode_limits
+
+    def counting_note(request: Request) -> None:
+        noted[0] += 1
+        note(request)
+
+    managers[0]._note_decode_limits = counting_note  # type: ignore[method-assign]
+    fast_decodes = 0
+    for step in range(steps):
+        action = rng.random()
+        live = sorted(requests[0])
+        if action < 0.15 or not live:
+            request_id = f"r{step}"
+            base = rng.choice(prompts)
+            tokens = base[: rng.randrange(1, len(base) + 1)] + [rng.randrange(3)]
+            chunk = rng.randrange(1, len(tokens) + 1)
+
+            def admit(
+                manager: KVCacheManager,
+                reqs: dict[str, Request],
+                request_id: str = request_id,
+                tokens: list[int] = tokens,
+                chunk: int = chunk,
+            ) -> object:
+                request = Request(request_id, tokens)
+                hit, num_hit = manager.get_computed_blocks(request)
+                num_new = min(chunk, request.num_tokens - num_hit)
+                result = manager.allocate_slots(request, num_new, num_hit, hit)
+                if result is not None:
+                    request.num_computed_tokens = num_hit + num_new
+                    reqs[request_id] = request
+                return (num_hit, outcome(lambda: result))
+
+            results = [admit(m, r) for m, r in zip(managers, requests, strict=True)]
+        elif action < 0.25:
+            request_id = rng.choice(live)
+            results = [
+                outcome(lambda m=m, r=r, i=request_id: m.free(r.pop(i)))
+                for m, r in zip(managers, requests, strict=True)
+            ]
+        elif action < 0.3:
+            request_id = rng.choice(live)
+            results = []
+            for m, r in zip(managers, requests, strict=True):
+                request = r[request_id]
+                results.append(
+                    outcome(lambda m=m, q=request: m.cache_blocks(q, q.num_computed_tokens))
+                )
+        else:
+            # One decode (or prefill chunk) step for a running request.
+            request_id = rng.choice(live)
+            lookahead = rng.choice((0, 0, 0, 1, 3))
+            delay = rng.random() < 0.1
+            token = rng.randrange(3)
+            results = []
+            for m, r in zip(managers, requests, strict=True):
+                request = r[request_id]
+                if request.num_computed_tokens >= request.num_tokens:
+                    request.append_output_token_ids(token)
+                num_new = request.num_tokens - request.num_computed_tokens
+                noted_before = noted[0]
+                result = outcome(
+                    lambda m=m, q=request, n=num_new, k=lookahead, d=delay: m.allocate_slots(
+                        q, n, num_lookahead_tokens=k, delay_cache_blocks=d
+                    )
+                )
+                if m is managers[0] and noted[0] == noted_before and result == ([],) * len(specs):
+                    fast_decodes += 1
+                if result is not None and result[0] != "raised":  # type: ignore[index]
+                    request.num_computed_tokens += num_new
+                results.append(result)
+        assert results[0] == results[1], (step, results)
+        assert snapshot(managers[0]) == snapshot(managers[1]), step
+        for manager in managers:
+            check_manager_invariants(manager)
+    return fast_decodes
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_decode_changes_nothing_but_speed(name: str, seed: int) -> None:
+    drive(CONFIGS[name], seed, 300)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fast_decode_with_caching_off(seed: int) -> None:
+    drive(CONFIGS["full+sliding_window"], seed, 200, enable_caching=False)
+
+
+def test_fast_decode_is_taken() -> None:
+    """The fast path really runs (the test above would pass if it never did)."""
+    assert drive(CONFIGS["full"], 0, 300) > 50
+    assert drive(CONFIGS["full+sliding_window"], 0, 300) > 50
+
+
+def test_fast_decode_off_for_overriding_managers() -> None:
+    """Mamba adds room for speculative states: its groups take the full path."""
+    assert not make(CONFIGS["full+mamba"], True)._fast_decode
+    assert make(CONFIGS["full+sliding_window"], True)._fast_decode
