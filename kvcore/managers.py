@@ -30,9 +30,9 @@ The base-class methods record every change they make to ``req_to_blocks`` and
 changes the same way.
 
 The base class calls the pool's unchecked variants (``_touch``,
-``_free_blocks``, ``_cache_full_blocks``) on its own tables and on hits the
-engine-facing manager has already checked: past the boundary the hot path
-trusts its data. A subclass calls the public, checking methods.
+``_free_blocks``, ``_free_table``, ``_cache_full_blocks``) on its own tables
+and on hits the engine-facing manager has already checked: past the boundary
+the hot path trusts its data. A subclass calls the public, checking methods.
 """
 
 from __future__ import annotations
@@ -468,7 +468,7 @@ class SingleTypeManager(Generic[SpecT]):
             log.append((_undo_set, (self.req_to_blocks, request_id, table)))
             log.append((_undo_set, (self.num_cached_block, request_id, num_cached)))
         if table is not _MISSING and table:
-            self.block_pool._free_blocks(table[::-1])
+            self.block_pool._free_table(table)
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Free the blocks the request's next token no longer attends to.

@@ -182,3 +182,43 @@ def test_fast_decode_off_for_overriding_managers() -> None:
     """Mamba adds room for speculative states: its groups take the full path."""
     assert not make(CONFIGS["full+mamba"], True)._fast_decode
     assert make(CONFIGS["full+sliding_window"], True)._fast_decode
+
+
+def test_free_queues_the_tail_first_and_skips_shared_blocks() -> None:
+    """A request's blocks join the queue last first; blocks another request holds stay out."""
+    manager = make([full()], True)
+    pool = manager.block_pool
+    first = Request("a", list(range(13)))  # 3 full blocks and one partial
+    manager.allocate_slots(first, 13)
+    (table_a,) = manager.get_block_ids("a")
+    second = Request("b", list(range(9)) + [99])  # shares a's first two blocks
+    hit, num_hit = manager.get_computed_blocks(second)
+    assert num_hit == 8
+    manager.allocate_slots(second, 2, num_hit, hit)
+    queue_before = pool.free_block_ids()
+    manager.free(first)
+    # a's blocks 3 and 2 are free now (tail first); 0 and 1 are still b's.
+    assert pool.free_block_ids() == [*queue_before, table_a[3], table_a[2]]
+    assert [pool.ref_count(b) for b in table_a] == [1, 1, 0, 0]
+    (table_b,) = manager.get_block_ids("b")
+    manager.free(second)
+    assert pool.free_block_ids()[-3:] == [table_b[2], table_b[1], table_b[0]]
+    check_manager_invariants(manager)
+
+
+def test_free_detects_a_double_free_and_changes_nothing() -> None:
+    """A block freed behind the manager's back: its free refuses, state untouched."""
+    manager = make([full(), sw(6)], True)
+    request = Request("a", list(range(30)))
+    request.num_computed_tokens = 0
+    manager.allocate_slots(request, 30)
+    request.num_computed_tokens = 30
+    manager.remove_skipped_blocks("a", 30)  # nulls at the head of the window table
+    full_table, window_table = manager.get_block_ids("a")
+    assert window_table[0] == 0
+    manager.block_pool.free_blocks([window_table[-1]])
+    before = snapshot(manager)
+    with pytest.raises(kvcore.DoubleFreeError, match=f"block {window_table[-1]} "):
+        manager.free(request)
+    assert snapshot(manager) == before
+    assert manager.block_pool.ref_count(0) == 0
