@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Hashable, Sequence
+from itertools import compress
 from typing import Any, Final
 
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -478,32 +479,38 @@ class BlockPool:
             raise InvalidRequestError(msg)
         block_hash_of = self._hash
         group_of = self._group
-        self._num_stored += (
-            num_full_blocks - num_cached_blocks - blocks[num_cached_blocks:num_full_blocks].count(0)
-        )
+        new_blocks = blocks[num_cached_blocks:num_full_blocks]
+        self._num_stored += len(new_blocks) - new_blocks.count(0)
         if self._log is not None:
-            new = blocks[num_cached_blocks:num_full_blocks]
-            old_groups = list(map(group_of.__getitem__, new))
-            self._log.append((self._undo_cache, (new, old_groups, kv_cache_group_id)))
-        cached = self._cached[kv_cache_group_id]
-        stored: list[Hashable] | None = [] if self.enable_kv_cache_events else None
-        for index in range(num_cached_blocks, num_full_blocks):
-            block = blocks[index]
-            if not block:
-                continue
-            block_hash = hashes[index]
-            block_hash_of[block] = block_hash
-            group_of[block] = kv_cache_group_id
-            first = cached.setdefault(block_hash, block)
-            if first != block:
-                self._dups[kv_cache_group_id].setdefault(block_hash, []).append(block)
-            if stored is not None:
-                stored.append(block_hash)
+            # With one group every block's group stays 0: nothing to restore.
+            old_groups = (
+                list(map(group_of.__getitem__, new_blocks)) if len(self._cached) > 1 else None
+            )
+            self._log.append((self._undo_cache, (new_blocks, old_groups, kv_cache_group_id)))
+        cached_first = self._cached[kv_cache_group_id].setdefault
+        dups = self._dups[kv_cache_group_id]
+        new_hashes = hashes[num_cached_blocks:num_full_blocks]
+        # One pass, null blocks skipped; with one group every block's group
+        # is already 0.
+        if len(self._cached) == 1:
+            for block, block_hash in zip(new_blocks, new_hashes, strict=True):
+                if block:
+                    block_hash_of[block] = block_hash
+                    if cached_first(block_hash, block) != block:
+                        dups.setdefault(block_hash, []).append(block)
+        else:
+            for block, block_hash in zip(new_blocks, new_hashes, strict=True):
+                if block:
+                    block_hash_of[block] = block_hash
+                    group_of[block] = kv_cache_group_id
+                    if cached_first(block_hash, block) != block:
+                        dups.setdefault(block_hash, []).append(block)
         if self._lru is None:
             self._tell_cached(
                 request, blocks, num_cached_blocks, num_full_blocks, hashes, kv_cache_group_id
             )
-        if stored is not None:
+        if self.enable_kv_cache_events:
+            stored = list(compress(new_hashes, new_blocks))
             kinds = self._group_kinds
             self._append_event(
                 BlockStored(
@@ -537,7 +544,7 @@ class BlockPool:
             new = [block for block in blocks[num_cached_blocks:num_full_blocks] if block]
             self._log.append((self.policy.forget, (new,)))
 
-    def _undo_cache(self, blocks: list[int], old_groups: list[int], group: int) -> None:
+    def _undo_cache(self, blocks: list[int], old_groups: list[int] | None, group: int) -> None:
         # Newest first: a block is the primary entry of its hash unless it
         # was added after one, and then it is the last of the duplicates.
         self._num_stored -= len(blocks) - blocks.count(0)
@@ -558,7 +565,8 @@ class BlockPool:
                 if not waiting:
                     del dups[block_hash]  # type: ignore[arg-type]
             block_hash_of[block] = None
-            group_of[block] = old_groups[index]
+            if old_groups is not None:
+                group_of[block] = old_groups[index]
 
     def _uncache(self, block: int) -> None:
         """Drop ``block``'s hash from the map; the caller knows it has one."""
@@ -627,8 +635,8 @@ class BlockPool:
                 ref[block] = 1
             return blocks
         block_hash_of = self._hash
-        if self.enable_kv_cache_events or any(self._dups):
-            # Events to queue, or duplicates to promote: evict one by one.
+        if self.enable_kv_cache_events:
+            # An event per evicted block, in order: evict one by one.
             if log is not None:
                 log.append((self._undo_new, (blocks, None)))
             uncache = self._uncache
@@ -636,6 +644,9 @@ class BlockPool:
                 if block_hash_of[block] is not None:
                     uncache(block)
                 ref[block] = 1
+            return blocks
+        if any(self._dups):
+            self._evict_mixed(blocks)
             return blocks
         # The common case: every cached block taken is the only one under its
         # hash, and nobody wants an event; the undo needs only the old hashes.
@@ -670,10 +681,51 @@ class BlockPool:
                 ref[block] = 1
         return blocks
 
-    def _undo_new(self, blocks: list[int], old_hashes: list[Hashable | None] | None) -> None:
+    def _evict_mixed(self, blocks: list[int]) -> None:
+        """Give ``blocks`` (just taken from the queue) count 1, evicting the cached ones.
+
+        Duplicates wait somewhere in the map: a block that is the only one
+        under its hash leaves the map inline (one undo record for all of
+        them, added last so that it is undone first); a block with
+        duplicates goes through :meth:`_uncache`, which promotes the oldest.
+        """
         ref = self._ref
+        block_hash_of = self._hash
+        group_of = self._group
+        cached = self._cached
+        dups = self._dups
+        log = self._log
+        if log is not None:
+            log.append((self._undo_new, (blocks, None)))
+        inline: list[int] = []
+        inline_hashes: list[Hashable] = []
         for block in blocks:
-            ref[block] = 0
+            block_hash = block_hash_of[block]
+            if block_hash is not None:
+                group = group_of[block]
+                if block_hash in dups[group] or cached[group].get(block_hash) != block:
+                    self._uncache(block)
+                else:
+                    del cached[group][block_hash]
+                    block_hash_of[block] = None
+                    inline.append(block)
+                    inline_hashes.append(block_hash)
+            ref[block] = 1
+        if log is not None and inline:
+            # No later eviction of this call touches these hashes: a block
+            # evicted inline was the last under its hash in its group.
+            log.append((self._undo_new, (inline, inline_hashes, False)))
+
+    def _undo_new(
+        self,
+        blocks: list[int],
+        old_hashes: list[Hashable | None] | None,
+        reset_counts: bool = True,
+    ) -> None:
+        if reset_counts:
+            ref = self._ref
+            for block in blocks:
+                ref[block] = 0
         if old_hashes is None:
             return
         block_hash_of = self._hash
