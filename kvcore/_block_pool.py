@@ -858,8 +858,9 @@ class BlockPool:
         """Free a manager's own block table (token order), last block first, in one pass.
 
         What :meth:`_free_blocks` does with ``table[::-1]``, without the copy:
-        the double-free check is one C-level scan before anything changes,
-        then the free queue decrements and links in a single pass. A table
+        the double-free check and the count of blocks to release are C-level
+        scans before anything changes, then the free queue decrements and
+        links in a single pass. A table
         never holds a block twice (null blocks aside).
 
         Raises:
@@ -869,8 +870,9 @@ class BlockPool:
         ref = self._ref
         # The null block's count is not maintained: raised for the pass so
         # that the scan skips it and no decrement brings it to 0.
-        ref[NULL_BLOCK] = len(table) + 1
-        if 0 in map(ref.__getitem__, table):
+        ref[NULL_BLOCK] = len(table) + 2
+        counts = list(map(ref.__getitem__, table))
+        if 0 in counts:
             ref[NULL_BLOCK] = 0
             block = next(b for b in table if b and not ref[b])
             msg = (
@@ -880,7 +882,7 @@ class BlockPool:
             raise DoubleFreeError(msg)
         if self._log is not None:
             self._log.append((self._undo_free, (table,)))
-        self._free.release_table(ref, table)
+        self._free.release_table(ref, table, counts.count(1))
         ref[NULL_BLOCK] = 0
 
     def _undo_free(self, blocks: Sequence[int]) -> None:

@@ -151,7 +151,7 @@ class LRUFreeQueue:
         prv[sentinel] = tail
         self.num_free += len(blocks)
 
-    def release_table(self, ref: list[int], table: Sequence[int]) -> None:
+    def release_table(self, ref: list[int], table: Sequence[int], num_released: int) -> None:
         """Drop one count in ``ref`` per block of ``table``, last first; queue the blocks at 0.
 
         The block pool's free of a manager's block table, fused into one pass:
@@ -159,29 +159,37 @@ class LRUFreeQueue:
         linked at the tail right away, so the table's tail is queued (and
         evicted) before its head, as :meth:`push` of the released blocks in
         that order would. The caller guarantees every count is at least 1
-        (a null block's count is set high enough by the caller) and no block
-        appears twice.
+        (a null block's count is set high enough by the caller), no block
+        appears twice, and ``num_released`` blocks have a count of exactly 1.
         """
+        if not num_released:
+            for block in table:
+                ref[block] -= 1
+            return
         nxt = self._next
         prv = self._prev
         sentinel = self._sentinel
         tail = old_tail = prv[sentinel]
-        linked = 0
-        for block in reversed(table):
-            count = ref[block] - 1
-            ref[block] = count
-            if not count:
+        if num_released == len(table):
+            # Every block was this table's alone (the common case): no test.
+            for block in reversed(table):
+                ref[block] = 0
                 nxt[tail] = block
                 prv[block] = tail
                 tail = block
-                linked += 1
-        if not linked:
-            return
+        else:
+            for block in reversed(table):
+                count = ref[block] - 1
+                ref[block] = count
+                if not count:
+                    nxt[tail] = block
+                    prv[block] = tail
+                    tail = block
         nxt[tail] = sentinel
         prv[sentinel] = tail
-        self.num_free += linked
+        self.num_free += num_released
         if self._log is not None:
-            self._log.append((self._undo_push, (old_tail, linked)))
+            self._log.append((self._undo_push, (old_tail, num_released)))
 
     def remove(self, block: int) -> None:
         """Take ``block`` out of the queue, wherever it is (a cache hit revived it).
