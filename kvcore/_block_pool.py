@@ -757,15 +757,11 @@ class BlockPool:
         ref = self._ref
         if self._log is not None:
             self._log.append((self._undo_touch, (blocks,)))
-        revived = []
-        for block in blocks:
-            if block:
-                count = ref[block]
-                if count == 0:
-                    revived.append(block)
-                ref[block] = count + 1
-        if revived:
-            self._free.remove_blocks(revived)
+        # The null block's count is not maintained: raised for the pass so
+        # that it is never taken for a free block, then 0 again.
+        ref[NULL_BLOCK] = len(blocks) + 2
+        self._free.revive_table(ref, blocks)
+        ref[NULL_BLOCK] = 0
 
     def _touch_via_policy(self, blocks: Sequence[int]) -> None:
         """:meth:`_touch` with a protocol-driven policy: revivals, then the hit."""

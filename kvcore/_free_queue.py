@@ -229,6 +229,67 @@ class LRUFreeQueue:
                 unlinked += (block, before, after)
         self.num_free -= len(blocks)
 
+    def revive_table(self, ref: list[int], blocks: Sequence[int]) -> None:
+        """Add one count in ``ref`` per block; take the blocks at 0 out of the queue.
+
+        The block pool's adoption of a cache hit, fused into one pass (what
+        :meth:`remove_blocks` of the blocks at 0, in order, then the
+        increments would do). The caller guarantees no block of ``blocks``
+        with a count of 0 appears twice and the null block's count is high
+        enough that it is never taken for a free block.
+        """
+        nxt = self._next
+        prv = self._prev
+        log = self._log
+        num_blocks = len(blocks)
+        if (
+            num_blocks > 2
+            and list(map(nxt.__getitem__, blocks[1:])) == list(blocks[:-1])
+            and not max(map(ref.__getitem__, blocks))
+        ):
+            # The hit is one run of the queue, last block first: how a freed
+            # request's blocks wait (see release_table). The blocks are linked
+            # (a never-allocated block is no block's successor) and free:
+            # unlink the run in one step.
+            first = blocks[-1]
+            last = blocks[0]
+            before = prv[first]
+            after = nxt[last]
+            nxt[before] = after
+            prv[after] = before
+            if log is not None:
+                log.append((self._undo_unlink_run, (first, last, before, after, num_blocks)))
+            for block in blocks:
+                ref[block] = 1
+            self.num_free -= num_blocks
+            return
+        fresh_start = self._fresh_start
+        holes = self._holes
+        # (block, before, after) of each unlinked block, flattened, for the undo.
+        unlinked: list[int] = []
+        if log is not None:
+            log.append((self._undo_remove_blocks, (unlinked,)))
+        num_revived = 0
+        for block in blocks:
+            count = ref[block]
+            if not count:
+                num_revived += 1
+                if block >= fresh_start and block not in holes:
+                    self._remove_fresh(block)
+                    fresh_start = self._fresh_start
+                    if log is not None:
+                        # Later unlinks must be undone before this one.
+                        unlinked = []
+                        log.append((self._undo_remove_blocks, (unlinked,)))
+                else:
+                    before = prv[block]
+                    after = nxt[block]
+                    nxt[before] = after
+                    prv[after] = before
+                    unlinked += (block, before, after)
+            ref[block] = count + 1
+        self.num_free -= num_revived
+
     def _remove_fresh(self, block: int) -> None:
         """Take a never-allocated block out of the fresh run (``num_free`` is the caller's)."""
         start = self._fresh_start
@@ -347,6 +408,15 @@ class LRUFreeQueue:
             nxt[block] = after
             prv[after] = block
         self.num_free += len(unlinked) // 3
+
+    def _undo_unlink_run(self, first: int, last: int, before: int, after: int, count: int) -> None:
+        nxt = self._next
+        prv = self._prev
+        nxt[before] = first
+        prv[first] = before
+        nxt[last] = after
+        prv[after] = last
+        self.num_free += count
 
     def _undo_remove_fresh(self, block: int, consumed: list[int]) -> None:
         if block == self._fresh_start - 1 - len(consumed):

@@ -222,3 +222,37 @@ def test_free_detects_a_double_free_and_changes_nothing() -> None:
         manager.free(request)
     assert snapshot(manager) == before
     assert manager.block_pool.ref_count(0) == 0
+
+
+def test_a_hit_waiting_as_one_run_is_revived_in_one_step_and_undone_exactly() -> None:
+    """A freed request's blocks wait as one run (last first); a hit on them unlinks the run."""
+    pool = kvcore.BlockPool(12)
+    request = Request("a", list(range(20)))
+    kvcore.BlockHasher(4).update(request)
+    table = pool.get_new_blocks(5)
+    pool.cache_full_blocks(request, table, 0, 5, 4, 0)
+    pool.get_new_blocks(2)  # blocks 6 and 7 stay held
+    pool.free_blocks(table[::-1])
+    assert pool.free_block_ids() == [8, 9, 10, 11, 5, 4, 3, 2, 1]
+    before = full_pool_state(pool)
+    assert pool.begin()
+    pool.touch(table[:4])  # blocks 1..4: a run (4, 3, 2, 1) at the tail
+    assert pool.free_block_ids() == [8, 9, 10, 11, 5]
+    assert [pool.ref_count(b) for b in table] == [1, 1, 1, 1, 0]
+    pool.check_invariants()
+    pool.rollback()
+    assert full_pool_state(pool) == before
+    pool.check_invariants()
+    # A hit that is not one run (1, 2, 4: block 3 lies between) takes the
+    # general path, with the same result as touching the blocks one by one.
+    pool.touch([table[0], table[1], table[3]])
+    assert pool.free_block_ids() == [8, 9, 10, 11, 5, 3]
+    pool.check_invariants()
+
+
+def full_pool_state(pool: kvcore.BlockPool) -> tuple[object, ...]:
+    return (
+        tuple(pool.ref_count(b) for b in range(pool.num_blocks)),
+        tuple(pool.free_block_ids()),
+        pool.get_num_free_blocks(),
+    )
