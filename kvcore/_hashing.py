@@ -69,7 +69,7 @@ def _xxh3_128_digest() -> Callable[[bytes], bytes]:
             "pip install 'kvcore[xxhash]' (or use 'sha256')"
         )
         raise InvalidConfigError(msg) from None
-    return xxh3_128_digest  # type: ignore[no-any-return]
+    return xxh3_128_digest
 
 
 def _chain_digests(
@@ -79,7 +79,7 @@ def _chain_digests(
     append = out.append
     view = memoryview(data)
     for offset in range(0, len(data), step):
-        parent = digest(parent + view[offset : offset + step])  # type: ignore[operator]
+        parent = digest(parent + view[offset : offset + step])
         append(parent)
 
 
