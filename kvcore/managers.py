@@ -488,17 +488,16 @@ class SingleTypeManager(Generic[SpecT]):
         # The window can move past blocks that were never allocated (external
         # tokens): only existing blocks can be freed.
         num_skipped_blocks = min(num_skipped_tokens // self.block_size, len(table))
-        removed = []
-        for index in range(num_skipped_blocks - 1, -1, -1):
-            block = table[index]
-            if not block:
-                break
-            removed.append(block)
-        if removed:
-            first = num_skipped_blocks - len(removed)
-            self.block_pool._free_blocks(removed)
-            table[first:num_skipped_blocks] = [NULL_BLOCK] * len(removed)
-            self.block_pool.record(_undo_nulls, table, first, removed[::-1])
+        if num_skipped_blocks <= 0 or not table[num_skipped_blocks - 1]:
+            return
+        first = num_skipped_blocks - 1
+        while first and table[first - 1]:
+            first -= 1
+        removed = table[first:num_skipped_blocks]
+        # Freed last to first, as the whole table is at the end.
+        self.block_pool._free_table(removed)
+        table[first:num_skipped_blocks] = [NULL_BLOCK] * len(removed)
+        self.block_pool.record(_undo_nulls, table, first, removed)
 
     def new_step_starts(self) -> None:
         """A new scheduling step begins (the engine calls it once per step).
