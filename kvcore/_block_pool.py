@@ -853,11 +853,11 @@ class BlockPool:
     def _free_table(self, table: Sequence[int]) -> None:
         """Free a manager's own block table (token order), last block first, in one pass.
 
-        What :meth:`_free_blocks` does with ``table[::-1]``, without the copy:
-        the double-free check and the count of blocks to release are C-level
-        scans before anything changes, then the free queue decrements and
-        links in a single pass. A table
-        never holds a block twice (null blocks aside).
+        What :meth:`_free_blocks` does with ``table[::-1]``, without the copy
+        and in one pass: the free queue decrements each count and links the
+        blocks reaching 0 at once; a double free is noticed off the released
+        blocks' path (a count below 0) and undone. A table never holds a
+        block twice (null blocks aside).
 
         Raises:
             DoubleFreeError: a block of the table has no reference left;
@@ -865,21 +865,18 @@ class BlockPool:
         """
         ref = self._ref
         # The null block's count is not maintained: raised for the pass so
-        # that the scan skips it and no decrement brings it to 0.
+        # that no decrement brings it to 0, then 0 again.
         ref[NULL_BLOCK] = len(table) + 2
-        counts = list(map(ref.__getitem__, table))
-        if 0 in counts:
-            ref[NULL_BLOCK] = 0
-            block = next(b for b in table if b and not ref[b])
+        double_freed = self._free.release_table(ref, table)
+        ref[NULL_BLOCK] = 0
+        if double_freed is not None:
             msg = (
-                f"block {block} was freed more often than it was allocated "
+                f"block {double_freed} was freed more often than it was allocated "
                 "(its reference count is already 0)"
             )
             raise DoubleFreeError(msg)
         if self._log is not None:
             self._log.append((self._undo_free, (table,)))
-        self._free.release_table(ref, table, counts.count(1))
-        ref[NULL_BLOCK] = 0
 
     def _undo_free(self, blocks: Sequence[int]) -> None:
         ref = self._ref

@@ -151,45 +151,51 @@ class LRUFreeQueue:
         prv[sentinel] = tail
         self.num_free += len(blocks)
 
-    def release_table(self, ref: list[int], table: Sequence[int], num_released: int) -> None:
+    def release_table(self, ref: list[int], table: Sequence[int]) -> int | None:
         """Drop one count in ``ref`` per block of ``table``, last first; queue the blocks at 0.
 
         The block pool's free of a manager's block table, fused into one pass:
         each block's count is decremented and, when it reaches 0, the block is
         linked at the tail right away, so the table's tail is queued (and
         evicted) before its head, as :meth:`push` of the released blocks in
-        that order would. The caller guarantees every count is at least 1
-        (a null block's count is set high enough by the caller), no block
-        appears twice, and ``num_released`` blocks have a count of exactly 1.
+        that order would. The caller guarantees no block appears twice and
+        sets the null block's count high enough that it is never released.
+
+        Returns:
+            ``None``, or a block whose count was already 0 (a double free):
+            then every count and link is restored and nothing changed.
         """
-        if not num_released:
-            for block in table:
-                ref[block] -= 1
-            return
         nxt = self._next
         prv = self._prev
         sentinel = self._sentinel
         tail = old_tail = prv[sentinel]
-        if num_released == len(table):
-            # Every block was this table's alone (the common case): no test.
-            for block in reversed(table):
-                ref[block] = 0
+        kept = 0
+        double_freed = None
+        for block in reversed(table):
+            count = ref[block] - 1
+            ref[block] = count
+            if not count:
                 nxt[tail] = block
                 prv[block] = tail
                 tail = block
-        else:
-            for block in reversed(table):
-                count = ref[block] - 1
-                ref[block] = count
-                if not count:
-                    nxt[tail] = block
-                    prv[block] = tail
-                    tail = block
-        nxt[tail] = sentinel
-        prv[sentinel] = tail
-        self.num_free += num_released
-        if self._log is not None:
-            self._log.append((self._undo_push, (old_tail, num_released)))
+            else:
+                # Off the released blocks' path: shared blocks, nulls, errors.
+                kept += 1
+                if count < 0:
+                    double_freed = block
+        if double_freed is not None:
+            for block in table:
+                ref[block] += 1
+            nxt[old_tail] = sentinel
+            return double_freed
+        released = len(table) - kept
+        if released:
+            nxt[tail] = sentinel
+            prv[sentinel] = tail
+            self.num_free += released
+            if self._log is not None:
+                self._log.append((self._undo_push, (old_tail, released)))
+        return None
 
     def remove(self, block: int) -> None:
         """Take ``block`` out of the queue, wherever it is (a cache hit revived it).
