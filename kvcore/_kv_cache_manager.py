@@ -400,25 +400,25 @@ class KVCacheManager:
                 num_encoder_tokens,
             )
         elif self._fast_decode:
-            # The decode fast path: nothing to allocate (the request's slots
-            # suffice in every group), no block completed for the hasher,
-            # none to cache and none left the window. The limits were noted
-            # by the last full call for this request; see _note_decode_limits.
+            # The step of a running request: each part of the full path runs
+            # only if the limits noted by the last full call for this request
+            # (see _note_decode_limits) say it has something to do. Most
+            # decode steps allocate nothing (the slots suffice in every
+            # group), complete no block for the hasher, cache nothing and
+            # free nothing: they return here.
             num_computed = request.num_computed_tokens
             num_tokens = len(request._all_token_ids)
             need = num_computed + num_new_tokens
             if (
-                need + num_lookahead_tokens <= request._kv_slots
-                and num_computed.__class__ is int
+                num_computed.__class__ is int
                 and num_computed <= num_tokens
                 and need <= self.max_model_len
-                and (
-                    delay_cache_blocks
-                    or (need if need < num_tokens else num_tokens) < request._kv_cache_at
-                )
-                and num_tokens < (len(request.block_hashes) + 1) * self._hash_unit
             ):
+                grow = need + num_lookahead_tokens > request._kv_slots
+                num_to_cache = need if need < num_tokens else num_tokens
+                cache = not delay_cache_blocks and num_to_cache >= request._kv_cache_at
                 request_id = request.request_id
+                skip = False
                 for tables, block_size, skipped_tokens in self._fast_windowed:
                     skipped = skipped_tokens(num_computed) // block_size
                     if skipped > 0:
@@ -426,9 +426,19 @@ class KVCacheManager:
                         # The base class frees back from the last skipped
                         # block (as far as the table goes) to the first null.
                         if table and table[(skipped if skipped < len(table) else len(table)) - 1]:
-                            break  # a block to free: the full path
-                else:
+                            skip = True
+                            break
+                if not (
+                    grow
+                    or cache
+                    or skip
+                    or num_tokens >= (len(request.block_hashes) + 1) * self._hash_unit
+                ):
                     return self.empty_kv_cache_blocks
+                num_need_slot = need + num_lookahead_tokens
+                return self._running_step(
+                    request, num_computed, num_need_slot, num_to_cache, grow, cache, skip
+                )
         request_id = request.request_id
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         num_computed = num_local_computed + num_external_computed_tokens
@@ -504,6 +514,60 @@ class KVCacheManager:
         if self._fast_decode:
             self._note_decode_limits(request)
         if not any(new_blocks):
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks(new_blocks)
+
+    def _running_step(
+        self,
+        request: Request,
+        num_computed: int,
+        num_need_slot: int,
+        num_to_cache: int,
+        grow: bool,
+        cache: bool,
+        skip: bool,
+    ) -> KVCacheBlocks | None:
+        """The full path of ``allocate_slots`` for a running request, minus the no-ops.
+
+        The same calls in the same order (hashing, skipped blocks, the count
+        and the refusal, the allocation, caching), each made only when its
+        flag says the base class would do something: ``grow``, the slots do
+        not suffice; ``cache``, a block becomes full; ``skip``, a windowed
+        group has a block to free. Only for managers that follow the base
+        class there (``_fast_decode``).
+        """
+        if self.enable_caching:
+            # Hashing checks the token ids, before anything changes.
+            self._hasher.update(request)
+        if num_need_slot > self.max_model_len:
+            num_need_slot = self.max_model_len
+        request_id = request.request_id
+        coordinator = self.coordinator
+        pool = self.block_pool
+        undo = self._undo
+        if pool._log is not undo:
+            pool.begin()
+        elif undo:
+            undo.clear()
+        new_blocks = None
+        try:
+            if skip:
+                coordinator.remove_skipped_blocks(request_id, num_computed)
+            if grow:
+                num_blocks = coordinator.get_num_blocks_to_allocate(
+                    request_id, num_need_slot, self._no_hits, 0, num_computed
+                )
+                if num_blocks > self._free_queue.num_free:
+                    return None  # the blocks freed above stay free: nobody needs them
+                new_blocks = coordinator.allocate_new_blocks(request_id, num_need_slot, 0)
+            if cache:
+                coordinator.cache_blocks(request, num_to_cache)
+        except BaseException:
+            pool.rollback()
+            raise
+        if grow or cache:
+            self._note_decode_limits(request)
+        if new_blocks is None or not any(new_blocks):
             return self.empty_kv_cache_blocks
         return KVCacheBlocks(new_blocks)
 

@@ -256,3 +256,44 @@ def full_pool_state(pool: kvcore.BlockPool) -> tuple[object, ...]:
         tuple(pool.free_block_ids()),
         pool.get_num_free_blocks(),
     )
+
+
+@pytest.mark.parametrize("fail_in", ["_cache_full_blocks", "get_new_blocks", "_free_table"])
+def test_a_running_step_that_raises_changes_nothing(
+    fail_in: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The running request's step runs in the pool's transaction like the full path."""
+    manager = make(CONFIGS["full+sliding_window"], True)
+    request = Request("a", list(range(40)))
+    manager.allocate_slots(request, 40)
+    request.num_computed_tokens = 40
+    original = getattr(kvcore.BlockPool, fail_in)
+    armed = [False]
+    calls = [0]
+
+    def failing(self: kvcore.BlockPool, *args: Any) -> Any:
+        if armed[0]:
+            calls[0] += 1
+            raise RuntimeError("injected")
+        return original(self, *args)
+
+    monkeypatch.setattr(kvcore.BlockPool, fail_in, failing)
+    # Every step of 40 tokens allocates (4-token blocks), caches and moves the
+    # window past a block now and then: the injected fault fires in each kind.
+    raised = 0
+    for token in range(40):
+        request.append_output_token_ids(token)
+        before = snapshot(manager)
+        armed[0] = True
+        try:
+            manager.allocate_slots(request, 1)
+        except RuntimeError:
+            raised += 1
+            assert snapshot(manager) == before
+            armed[0] = False
+            manager.allocate_slots(request, 1)
+        armed[0] = False
+        request.num_computed_tokens += 1
+        check_manager_invariants(manager)
+    assert raised > 0
+    assert calls[0] == raised
