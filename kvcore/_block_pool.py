@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Hashable, Sequence
-from itertools import compress
+from itertools import compress, takewhile
+from operator import not_
 from typing import Any, Final
 
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -864,6 +865,10 @@ class BlockPool:
                 nothing changes.
         """
         ref = self._ref
+        if table and not table[0]:
+            # A windowed table starts with the nulls of the blocks it freed:
+            # skipped at C level (they are never released).
+            table = table[len(list(takewhile(not_, table))) :]
         # The null block's count is not maintained: raised for the pass so
         # that no decrement brings it to 0, then 0 again.
         ref[NULL_BLOCK] = len(table) + 2
