@@ -94,7 +94,7 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None) -> bool:
     )
     candidates: dict[str, Callable[[], Callable[[], Replay]]] = {}
     for algorithm in kvcore.HASH_ALGORITHMS:
-        candidates[f"kvcore {algorithm}"] = _kvcore_run(rec, algorithm)
+        candidates[f"kvcore, {algorithm}"] = _kvcore_run(rec, algorithm)
     if vllm is not None:
         for name in VLLM_HASHES:
             if vllm_hash_available(vllm, name):
@@ -110,7 +110,7 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None) -> bool:
         return [*per_op, total], replay.results
 
     measured = interleaved_rounds(args.rounds, candidates, measure)
-    reference_name = "vLLM sha256" if vllm is not None else "kvcore sha256"
+    reference_name = "vLLM sha256" if vllm is not None else "kvcore, sha256"
     reference = measured[reference_name][1]
     ok = True
     for name, (_, results) in measured.items():
@@ -135,7 +135,7 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None) -> bool:
     if vllm is not None:
         print("  ratio vLLM / kvcore (median of each):")
         for algorithm, vllm_name in PAIRS.items():
-            k, v = f"kvcore {algorithm}", f"vLLM {vllm_name}"
+            k, v = f"kvcore, {algorithm}", f"vLLM {vllm_name}"
             if k in spreads and v in spreads:
                 ratios = [b.median / a.median for a, b in zip(spreads[k], spreads[v], strict=True)]
                 print(f"  {k + ' vs ' + vllm_name:<30}" + "".join(f"{r:>18.2f}x" for r in ratios))
