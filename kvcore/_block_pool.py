@@ -752,7 +752,8 @@ class BlockPool:
 
     def _touch(self, blocks: Sequence[int]) -> None:
         """:meth:`touch` for checked blocks (kept, not copied, for the undo)."""
-        if self._lru is None:
+        lru = self._lru
+        if lru is None:
             self._touch_via_policy(blocks)
             return
         ref = self._ref
@@ -761,7 +762,7 @@ class BlockPool:
         # The null block's count is not maintained: raised for the pass so
         # that it is never taken for a free block, then 0 again.
         ref[NULL_BLOCK] = len(blocks) + 2
-        self._free.revive_table(ref, blocks)
+        lru.revive_table(ref, blocks)
         ref[NULL_BLOCK] = 0
 
     def _touch_via_policy(self, blocks: Sequence[int]) -> None:
@@ -864,6 +865,12 @@ class BlockPool:
             DoubleFreeError: a block of the table has no reference left;
                 nothing changes.
         """
+        lru = self._lru
+        if lru is None:
+            # A protocol-driven policy gets the freed blocks through the
+            # general path, last block first.
+            self._free_blocks(table[::-1])
+            return
         ref = self._ref
         if table and not table[0]:
             # A windowed table starts with the nulls of the blocks it freed:
@@ -872,7 +879,7 @@ class BlockPool:
         # The null block's count is not maintained: raised for the pass so
         # that no decrement brings it to 0, then 0 again.
         ref[NULL_BLOCK] = len(table) + 2
-        double_freed = self._free.release_table(ref, table)
+        double_freed = lru.release_table(ref, table)
         ref[NULL_BLOCK] = 0
         if double_freed is not None:
             msg = (
