@@ -321,7 +321,7 @@ class BlockPool:
 
     @staticmethod
     def _check_count(num_blocks: object) -> None:
-        if num_blocks.__class__ is not int or num_blocks < 0:  # type: ignore[operator]
+        if num_blocks.__class__ is not int or num_blocks < 0:
             msg = f"num_blocks must be an integer >= 0, got {num_blocks!r}"
             raise InvalidBlockError(msg)
 
@@ -559,12 +559,12 @@ class BlockPool:
                 continue
             block_hash = block_hash_of[block]
             if cached.get(block_hash) == block:
-                del cached[block_hash]  # type: ignore[arg-type]
+                del cached[block_hash]
             else:
-                waiting = dups[block_hash]  # type: ignore[index]
+                waiting = dups[block_hash]
                 waiting.pop()
                 if not waiting:
-                    del dups[block_hash]  # type: ignore[arg-type]
+                    del dups[block_hash]
             block_hash_of[block] = None
             if old_groups is not None:
                 group_of[block] = old_groups[index]
@@ -579,17 +579,17 @@ class BlockPool:
         if cached.get(block_hash) == block:
             waiting = dups.get(block_hash)
             if waiting:
-                promoted = cached[block_hash] = waiting.pop(0)  # type: ignore[index]
+                promoted = cached[block_hash] = waiting.pop(0)
                 if not waiting:
-                    del dups[block_hash]  # type: ignore[arg-type]
+                    del dups[block_hash]
             else:
-                del cached[block_hash]  # type: ignore[arg-type]
+                del cached[block_hash]
         else:
-            waiting = dups[block_hash]  # type: ignore[index]
+            waiting = dups[block_hash]
             position = waiting.index(block)
             del waiting[position]
             if not waiting:
-                del dups[block_hash]  # type: ignore[arg-type]
+                del dups[block_hash]
         self._hash[block] = None
         if self._log is not None:
             self._log.append((self._undo_uncache, (block, block_hash, promoted, position)))
