@@ -7,7 +7,9 @@ Not part of CI (CI has no browser). Needs Debian's ``chromium``::
 
 For every page it reports each ``pre`` whose content is wider than its box
 (``scrollWidth > clientWidth``: the reader has to scroll sideways), saying
-whether it sits in a table; with ``--screenshots`` it also saves a full-page
+whether it sits in a table (an HTML table, or a block marked
+``:class: wide-table``: benchmark output whose columns are meant to be read
+side by side); with ``--screenshots`` it also saves a full-page
 PNG of each page at that width. Exit status 1 if a block outside a table is
 clipped.
 """
@@ -33,7 +35,7 @@ window.addEventListener("load", () => {
         first_line: pre.textContent.split("\\n")[0].slice(0, 70),
         scroll_width: pre.scrollWidth,
         client_width: pre.clientWidth,
-        in_table: pre.closest("table") !== null,
+        in_table: pre.closest("table, .wide-table") !== null,
       });
     }
   });
