@@ -15,6 +15,7 @@ Timing rules every benchmark follows:
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import statistics
 import time
@@ -74,6 +75,13 @@ def import_vllm() -> Any | None:
     ns.hashing = hashing
     ns.version = __version__
     return ns
+
+
+def kvcore_hash_available(algorithm: str) -> bool:
+    """Whether kvcore's hash ``algorithm`` works here (``xxh3_128`` needs xxhash)."""
+    if algorithm != "xxh3_128":
+        return True
+    return importlib.util.find_spec("xxhash") is not None
 
 
 def vllm_hash_available(vllm: Any, name: str) -> bool:

@@ -39,6 +39,7 @@ from _common import (
     first_difference,
     import_vllm,
     interleaved_rounds,
+    kvcore_hash_available,
     print_load,
     timer_overhead,
     vllm_hash_available,
@@ -94,7 +95,10 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None) -> bool:
     )
     candidates: dict[str, Callable[[], Callable[[], Replay]]] = {}
     for algorithm in kvcore.HASH_ALGORITHMS:
-        candidates[f"kvcore, {algorithm}"] = _kvcore_run(rec, algorithm)
+        if kvcore_hash_available(algorithm):
+            candidates[f"kvcore, {algorithm}"] = _kvcore_run(rec, algorithm)
+        else:
+            print(f"  (kvcore {algorithm}: the xxhash package is missing; pip install xxhash)")
     if vllm is not None:
         for name in VLLM_HASHES:
             if vllm_hash_available(vllm, name):

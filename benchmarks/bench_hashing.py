@@ -33,6 +33,7 @@ from _common import (
     Spread,
     import_vllm,
     interleaved_rounds,
+    kvcore_hash_available,
     print_load,
     vllm_hash_available,
 )
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         calls = max(1, 16_384 // num_tokens)  # >= 1,024 blocks per sample
         jobs: dict[str, Callable[[], Callable[[], int]]] = {}
         for algorithm in kvcore.HASH_ALGORITHMS:
-            jobs[f"kvcore {algorithm}"] = kvcore_job(algorithm, tokens, bs)
+            if kvcore_hash_available(algorithm):
+                jobs[f"kvcore {algorithm}"] = kvcore_job(algorithm, tokens, bs)
         jobs["blake2b-128 (stdlib)"] = chained_job(
             lambda b: hashlib.blake2b(b, digest_size=16).digest(), tokens, bs
         )
