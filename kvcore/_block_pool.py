@@ -802,34 +802,11 @@ class BlockPool:
         self._free_blocks(list(ordered_blocks))
 
     def _free_blocks(self, ordered_blocks: Sequence[int]) -> None:
-        """:meth:`free_blocks` for the managers' own tables (kept, not copied, for the undo)."""
-        if self._lru is None:
-            self._free_blocks_via_policy(ordered_blocks)
-            return
-        ref = self._ref
-        released = []
-        for position, block in enumerate(ordered_blocks):
-            if block:
-                count = ref[block] - 1
-                if count < 0:
-                    for earlier in ordered_blocks[:position]:
-                        if earlier:
-                            ref[earlier] += 1
-                    msg = (
-                        f"block {block} was freed more often than it was allocated "
-                        "(its reference count is already 0)"
-                    )
-                    raise DoubleFreeError(msg)
-                ref[block] = count
-                if count == 0:
-                    released.append(block)
-        if self._log is not None:
-            self._log.append((self._undo_free, (ordered_blocks,)))
-        if released:
-            self._free.push(released)
+        """:meth:`free_blocks` for the managers' own tables (kept, not copied, for the undo).
 
-    def _free_blocks_via_policy(self, ordered_blocks: Sequence[int]) -> None:
-        """:meth:`_free_blocks` with a protocol-driven policy receiving the freed blocks."""
+        The same code serves every policy: ``self._free`` is the LRU queue or
+        the driver that hands the released blocks to the policy.
+        """
         ref = self._ref
         released = []
         for position, block in enumerate(ordered_blocks):
