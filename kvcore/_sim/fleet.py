@@ -37,13 +37,12 @@ import attrs
 
 from kvcore._hashing import BlockHasher
 from kvcore._kv_cache_manager import KVCacheManager
-from kvcore._planning.plan import plan as make_plan
 from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
 from kvcore._request import Request
 from kvcore._sim.ceiling import prefix_reuse_ceiling
 from kvcore._sim.scheduler import Scheduler, SimRequest
-from kvcore._sim.simulate import BELADY, SimulationOptions
+from kvcore._sim.simulate import BELADY, SimulationOptions, plan_for
 from kvcore._sim.workload import Workload
 from kvcore.cluster import ROUTER_POLICIES, ClusterIndex, EngineLoad, FleetLayout, Router
 from kvcore.cluster._backend import Backend
@@ -413,16 +412,7 @@ def simulate_fleet(
         raise InvalidConfigError(msg)
     started = time.perf_counter()
     registry = registry if registry is not None else load_registry()
-    plan = make_plan(
-        options.model,
-        memory=options.memory,
-        max_model_len=options.max_model_len,
-        block_size=options.block_size,
-        dtype=options.dtype,
-        hybrid=options.hybrid,
-        registry=registry,
-        max_num_batched_tokens=options.scheduler.max_num_batched_tokens,
-    )
+    plan = plan_for(options, registry)
     config = plan.kv_cache_config
     max_model_len = plan.max_model_len
     names = [f"e{i}" for i in range(fleet.engines)]

@@ -39,7 +39,7 @@ from kvcore._sim.workload import Workload
 from kvcore.errors import InvalidConfigError
 from kvcore.eviction import EvictionPolicyFactory, PoolInfo
 
-__all__ = ["DEFAULT_MODEL", "SimulationOptions", "simulate"]
+__all__ = ["DEFAULT_MODEL", "SimulationOptions", "plan_for", "simulate"]
 
 #: The model of ``kvcore simulate`` without arguments: hybrid (sliding window + full).
 DEFAULT_MODEL = "gpt-oss-20b"
@@ -161,6 +161,24 @@ def _replay(
     return _Replay(manager, scheduler)
 
 
+def plan_for(options: SimulationOptions, registry: Registry) -> KVCachePlan:
+    """The KV cache plan ``options`` asks for (model, memory, lengths, dtype, budget).
+
+    Raises:
+        KVCoreError: an unknown model or a plan that cannot be made.
+    """
+    return make_plan(
+        options.model,
+        memory=options.memory,
+        max_model_len=options.max_model_len,
+        block_size=options.block_size,
+        dtype=options.dtype,
+        hybrid=options.hybrid,
+        registry=registry,
+        max_num_batched_tokens=options.scheduler.max_num_batched_tokens,
+    )
+
+
 def simulate(
     workload: Workload,
     options: SimulationOptions | None = None,
@@ -198,16 +216,7 @@ def simulate(
     eviction = options.eviction
     if eviction != BELADY:
         eviction = resolve_policy(eviction, registry.eviction_policies)
-    plan = make_plan(
-        options.model,
-        memory=options.memory,
-        max_model_len=options.max_model_len,
-        block_size=options.block_size,
-        dtype=options.dtype,
-        hybrid=options.hybrid,
-        registry=registry,
-        max_num_batched_tokens=options.scheduler.max_num_batched_tokens,
-    )
+    plan = plan_for(options, registry)
     config = plan.kv_cache_config
     max_model_len = plan.max_model_len
     groups = _group_plans(config, registry)
