@@ -9,6 +9,7 @@ and every block table are exactly as before (:func:`kvcore.testing.snapshot`).
 from __future__ import annotations
 
 import pytest
+from tiny_specs import full, mamba, sw
 
 import kvcore
 from kvcore import KVCacheBlocks, Request
@@ -20,34 +21,8 @@ from kvcore.errors import (
     RequestStateError,
 )
 from kvcore.testing import admit, check_manager_invariants, snapshot
-from kvcore_plugins.full_attention import FullAttentionSpec
-from kvcore_plugins.mamba import MambaSpec
-from kvcore_plugins.sliding_window import SlidingWindowSpec
 
 NULL = kvcore.NULL_BLOCK
-
-
-def full(block_size: int = 4) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype="float32")
-
-
-def sw(window: int, block_size: int = 4) -> SlidingWindowSpec:
-    return SlidingWindowSpec(
-        block_size=block_size,
-        num_kv_heads=1,
-        head_size=1,
-        dtype="float32",
-        sliding_window=window,
-    )
-
-
-def mamba(block_size: int = 4) -> MambaSpec:
-    return MambaSpec(
-        block_size=block_size,
-        shapes=((1, 4),),
-        dtypes=("float32",),
-        mamba_cache_mode="align",
-    )
 
 
 @pytest.fixture(scope="module")

@@ -16,42 +16,20 @@ import random
 from typing import Any
 
 import pytest
+from tiny_specs import full, mamba, sw
 
 import kvcore
 from kvcore import KVCacheManager, Request
 from kvcore.testing import check_manager_invariants, snapshot
-from kvcore_plugins.full_attention import FullAttentionSpec
-from kvcore_plugins.mamba import MambaSpec
-from kvcore_plugins.sliding_window import SlidingWindowSpec
 
 REGISTRY = kvcore.load_registry(only=["full_attention", "sliding_window", "mamba"])
-
-
-def full(block_size: int = 4) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype="float32")
-
-
-def sw(window: int, block_size: int = 4) -> SlidingWindowSpec:
-    return SlidingWindowSpec(
-        block_size=block_size, num_kv_heads=1, head_size=1, dtype="float32", sliding_window=window
-    )
-
-
-def mamba(block_size: int = 4) -> MambaSpec:
-    return MambaSpec(
-        block_size=block_size,
-        shapes=((1, 4),),
-        dtypes=("float32",),
-        mamba_cache_mode="align",
-        num_speculative_blocks=1,
-    )
 
 
 CONFIGS = {
     "full": [full()],
     "sliding_window": [sw(6)],
     "full+sliding_window": [full(), sw(9)],
-    "full+mamba": [full(), mamba()],
+    "full+mamba": [full(), mamba(num_speculative_blocks=1)],
 }
 
 

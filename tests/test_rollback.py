@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from tiny_specs import full, mamba, sw
 
 import kvcore
 from kvcore import KVCacheManager, Request
@@ -130,26 +131,6 @@ else:
 REGISTRY = kvcore.registry_from_layer_types(LAYER_TYPES, name="faulty")
 
 
-def full(block_size: int = 4) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype="float32")
-
-
-def sw(window: int, block_size: int = 4) -> SlidingWindowSpec:
-    return SlidingWindowSpec(
-        block_size=block_size, num_kv_heads=1, head_size=1, dtype="float32", sliding_window=window
-    )
-
-
-def mamba(block_size: int = 4) -> MambaSpec:
-    return MambaSpec(
-        block_size=block_size,
-        shapes=((1, 4),),
-        dtypes=("float32",),
-        mamba_cache_mode="align",
-        num_speculative_blocks=1,
-    )
-
-
 Op = Callable[[KVCacheManager, dict[str, Request]], object]
 
 
@@ -252,7 +233,7 @@ SCRIPT: list[Op] = [
 ]
 
 CONFIGS = {
-    "hybrid": ([full(), sw(8), mamba()], 40),
+    "hybrid": ([full(), sw(8), mamba(num_speculative_blocks=1)], 40),
     "full": ([full()], 20),
 }
 if kvcore_streaming is not None:
