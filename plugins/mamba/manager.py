@@ -140,8 +140,8 @@ class MambaManager(SingleTypeManager[MambaSpec]):
                 self._warned_unannounced = True
                 logger.warning(
                     "kvcore: group %d adopts a cached Mamba state, but the engine never "
-                    "called KVCacheManager.new_step_starts(); a state cached in the same "
-                    "step is read before it is written. Call new_step_starts() at the "
+                    "called KVCacheManager.new_step_starts(), so a state cached in the same "
+                    "step would be read before it is written. Call new_step_starts() at the "
                     "start of every scheduling step.",
                     self.kv_cache_group_id,
                 )
