@@ -11,9 +11,10 @@ the optimum reaches the unbounded-cache ceiling):
 * the built-in workload (2,000 requests, seed 0) on gpt-oss-20b.
 
 Each cell also has the workload's unbounded-cache ceiling. Then a timing
-phase replays one workload per model with every online policy, interleaved
-and best of ``--repeats``, and reports the manager's time per decode call
-and per step against LRU.
+phase replays one workload per model with every online policy in
+``--repeats`` interleaved, order-rotated rounds and reports the median
+manager time per decode call and per step (with the spread and the load
+average) against LRU.
 
 Run (from the repository root)::
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -294,13 +296,20 @@ def plot(results: dict[str, dict[str, Any]], limit: int | None, path: Path) -> N
 
 
 def run_timing(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Manager time per decode call and per step, each online policy interleaved, best of N."""
+    """Manager time per decode call and per step of each online policy.
+
+    ``--repeats`` rounds; in each every policy replays the workload once, in
+    an order rotated by one per round (so no policy always runs first).
+    Reported: the median over the rounds, with the lowest and highest.
+    """
     rows = []
     for title, trace, limit, model, memory, max_model_len in TIMINGS:
         workload = load_workload(str(trace) if trace else None, limit=limit)
-        best: dict[str, tuple[float, float]] = {}
-        for _ in range(args.repeats):
-            for policy in ONLINE:
+        runs: dict[str, list[tuple[float, float]]] = {policy: [] for policy in ONLINE}
+        load_before = os.getloadavg()[0]
+        for round_index in range(args.repeats):
+            shift = round_index % len(ONLINE)
+            for policy in ONLINE[shift:] + ONLINE[:shift]:
                 options = SimulationOptions(
                     model=model,
                     memory=memory,
@@ -309,36 +318,56 @@ def run_timing(args: argparse.Namespace) -> list[dict[str, Any]]:
                     scheduler=SchedulerConfig(),
                 )
                 report = simulate(workload, options)
-                decode = report.manager.ops["decode"].mean_us
-                step = report.manager.per_step_mean_us
-                old = best.get(policy, (float("inf"), float("inf")))
-                best[policy] = (min(old[0], decode), min(old[1], step))
+                runs[policy].append(
+                    (report.manager.ops["decode"].mean_us, report.manager.per_step_mean_us)
+                )
+        load = (load_before + os.getloadavg()[0]) / 2
+        medians = {
+            policy: (
+                statistics.median(decode for decode, _ in runs[policy]),
+                statistics.median(step for _, step in runs[policy]),
+            )
+            for policy in ONLINE
+        }
         for policy in ONLINE:
+            decode, step = medians[policy]
             rows.append(
                 {
                     "workload": title,
                     "policy": policy,
-                    "decode_us": best[policy][0],
-                    "step_us": best[policy][1],
-                    "decode_vs_lru": best[policy][0] / best["lru"][0],
-                    "step_vs_lru": best[policy][1] / best["lru"][1],
+                    "load": load,
+                    "rounds": args.repeats,
+                    "decode_us": decode,
+                    "decode_range": (
+                        min(d for d, _ in runs[policy]),
+                        max(d for d, _ in runs[policy]),
+                    ),
+                    "step_us": step,
+                    "step_range": (
+                        min(s for _, s in runs[policy]),
+                        max(s for _, s in runs[policy]),
+                    ),
+                    "decode_vs_lru": decode / medians["lru"][0],
+                    "step_vs_lru": step / medians["lru"][1],
                 }
             )
             print(
-                f"  {title}: {policy:<9} decode {best[policy][0]:6.2f} µs "
-                f"({best[policy][0] / best['lru'][0]:.2f}x lru), step {best[policy][1]:7.1f} µs "
-                f"({best[policy][1] / best['lru'][1]:.2f}x lru)",
+                f"  {title}: {policy:<9} decode {decode:6.2f} µs "
+                f"({decode / medians['lru'][0]:.2f}x lru), step {step:7.1f} µs "
+                f"({step / medians['lru'][1]:.2f}x lru), load {load:.1f}",
                 flush=True,
             )
     return rows
 
 
 def timing_rst(rows: Sequence[dict[str, Any]]) -> str:
+    rounds = rows[0]["rounds"] if rows else 0
     out = [
-        ".. list-table:: Manager time (best of the interleaved runs)",
+        f".. list-table:: Manager time (median of {rounds} interleaved rounds, lowest–highest)",
         "   :header-rows: 1",
+        "   :class: wide-table",
         "",
-        "   * - workload",
+        "   * - workload (load average)",
         "     - policy",
         "     - decode call (µs)",
         "     - vs lru",
@@ -346,12 +375,14 @@ def timing_rst(rows: Sequence[dict[str, Any]]) -> str:
         "     - vs lru",
     ]
     for row in rows:
+        low, high = row["decode_range"]
+        step_low, step_high = row["step_range"]
         out += [
-            f"   * - {row['workload']}",
+            f"   * - {row['workload']} ({row['load']:.1f})",
             f"     - {row['policy']}",
-            f"     - {row['decode_us']:.2f}",
+            f"     - {row['decode_us']:.2f} ({low:.2f}–{high:.2f})",
             f"     - {row['decode_vs_lru']:.2f}",
-            f"     - {row['step_us']:.1f}",
+            f"     - {row['step_us']:.1f} ({step_low:.0f}–{step_high:.0f})",
             f"     - {row['step_vs_lru']:.2f}",
         ]
     return "\n".join(out) + "\n"
@@ -371,7 +402,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, help="write the hit-rate plot (PNG) here")
     parser.add_argument("--no-sweep", action="store_true", help="only redraw from --results")
     parser.add_argument("--no-timing", action="store_true", help="skip the timing phase")
-    parser.add_argument("--repeats", type=int, default=3, help="timing runs per policy")
+    parser.add_argument("--repeats", type=int, default=5, help="timing rounds (default 5)")
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.quick and args.limit is None:
         args.limit = 1000

@@ -35,6 +35,7 @@ from typing import Any, Final
 
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvcore._eviction.driver import PolicyDriver
+from kvcore._eviction.policies import ValuePolicy
 from kvcore._eviction.registry import DEFAULT_POLICY, build_policy, resolve_policy
 from kvcore._free_queue import LRUFreeQueue
 from kvcore._hashing import hashes_at_block_size
@@ -151,6 +152,7 @@ class BlockPool:
         "_num_stored",
         "_ref",
         "_reserved",
+        "_told",
         "_undo",
         "enable_caching",
         "enable_kv_cache_events",
@@ -203,15 +205,20 @@ class BlockPool:
             view=self,
         )
         self.policy: EvictionPolicy = build_policy(factory, info)
-        # The built-in LRU queue is the pool's fast path; any other policy
-        # (a subclass of it included) goes through the protocol.
-        self._lru: LRUFreeQueue | None
-        self._free: LRUFreeQueue | PolicyDriver
-        if type(self.policy) is LRUFreeQueue:
+        # The built-in policies are the pool's fast path: the LRU queue and
+        # the credit-queue policies give it their fused free-queue interface
+        # (release_table, revive_table, ...) themselves. Any other policy
+        # (a subclass of a built-in one included, since the fused paths would
+        # bypass its overrides) goes through the protocol, behind a driver.
+        # Every policy but the LRU queue is told what is cached and forgotten.
+        self._lru: LRUFreeQueue | ValuePolicy | None
+        self._free: LRUFreeQueue | ValuePolicy | PolicyDriver
+        if type(self.policy) is LRUFreeQueue or type(self.policy) is ValuePolicy:
             self._lru = self._free = self.policy
         else:
             self._lru = None
             self._free = PolicyDriver(self.policy, num_blocks)
+        self._told = None if type(self.policy) is LRUFreeQueue else self.policy
         taken = self._free.pop_n(1)
         if taken != [NULL_BLOCK]:
             msg = (
@@ -506,7 +513,7 @@ class BlockPool:
                     group_of[block] = kv_cache_group_id
                     if cached_first(block_hash, block) != block:
                         dups.setdefault(block_hash, []).append(block)
-        if self._lru is None:
+        if self._told is not None:
             self._tell_cached(
                 request, blocks, num_cached_blocks, num_full_blocks, hashes, kv_cache_group_id
             )
@@ -624,8 +631,8 @@ class BlockPool:
         """
         if num_blocks.__class__ is not int or num_blocks < 0:
             self._check_count(num_blocks)
-        if self._lru is None:
-            return self._get_new_blocks_via_policy(num_blocks)
+        # The victims come from the policy (the LRU queue itself, or the
+        # driver in front of any other policy); evicting them is the same.
         blocks = self._free.pop_n(num_blocks)
         ref = self._ref
         log = self._log
@@ -662,24 +669,6 @@ class BlockPool:
                 del cached[group_of[block]][block_hash]
                 block_hash_of[block] = None
             ref[block] = 1
-        return blocks
-
-    def _get_new_blocks_via_policy(self, num_blocks: int) -> list[int]:
-        """:meth:`get_new_blocks` with a protocol-driven policy choosing the victims."""
-        blocks = self._free.pop_n(num_blocks)
-        ref = self._ref
-        if self._log is not None:
-            self._log.append((self._undo_new, (blocks, None)))
-        if self.enable_caching:
-            block_hash_of = self._hash
-            uncache = self._uncache
-            for block in blocks:
-                if block_hash_of[block] is not None:
-                    uncache(block)
-                ref[block] = 1
-        else:
-            for block in blocks:
-                ref[block] = 1
         return blocks
 
     def _evict_mixed(self, blocks: list[int]) -> None:
@@ -842,12 +831,6 @@ class BlockPool:
             DoubleFreeError: a block of the table has no reference left;
                 nothing changes.
         """
-        lru = self._lru
-        if lru is None:
-            # A protocol-driven policy gets the freed blocks through the
-            # general path, last block first.
-            self._free_blocks(table[::-1])
-            return
         ref = self._ref
         if table and not table[0]:
             # A windowed table starts with the nulls of the blocks it freed:
@@ -856,7 +839,12 @@ class BlockPool:
         # The null block's count is not maintained: raised for the pass so
         # that no decrement brings it to 0, then 0 again.
         ref[NULL_BLOCK] = len(table) + 2
-        double_freed = lru.release_table(ref, table)
+        lru = self._lru
+        released = None
+        if lru is not None:
+            double_freed = lru.release_table(ref, table)
+        else:
+            double_freed, released = self._decrement_table(table)
         ref[NULL_BLOCK] = 0
         if double_freed is not None:
             msg = (
@@ -866,6 +854,34 @@ class BlockPool:
             raise DoubleFreeError(msg)
         if self._log is not None:
             self._log.append((self._undo_free, (table,)))
+        if released:
+            # Told after the counts' undo is recorded: a policy that raises
+            # leaves nothing the rollback cannot restore.
+            self._free.push(released)
+
+    def _decrement_table(self, table: Sequence[int]) -> tuple[int | None, list[int]]:
+        """Drop one count per block of ``table``, last first, for a protocol-driven policy.
+
+        Returns ``(None, released)``: the blocks that reached 0, in the order
+        the policy is to be told (as :meth:`_free_blocks` would collect them
+        from ``table[::-1]``); or ``(block, [])`` for a block whose count was
+        already 0, with every count restored.
+        """
+        ref = self._ref
+        released: list[int] = []
+        double_freed = None
+        for block in reversed(table):
+            count = ref[block] - 1
+            ref[block] = count
+            if not count:
+                released.append(block)
+            elif count < 0:
+                double_freed = block
+        if double_freed is not None:
+            for block in table:
+                ref[block] += 1
+            return double_freed, []
+        return None, released
 
     def _undo_free(self, blocks: Sequence[int]) -> None:
         ref = self._ref
@@ -912,7 +928,7 @@ class BlockPool:
         if forgotten:
             self._num_dropped += len(forgotten)
             self.record(self._undo_dropped, len(forgotten))
-            if self._lru is None:
+            if self._told is not None:
                 # Not undone: a policy cannot be told a block regained its hash.
                 self.policy.forget(forgotten)
 
@@ -936,7 +952,7 @@ class BlockPool:
             dups.clear()
         self._num_dropped += self.num_cached_blocks()
         self._hash = [None] * self.num_blocks
-        if self._lru is None:
+        if self._told is not None:
             self.policy.forget(None)
         if self.enable_kv_cache_events:
             self._events.append(AllBlocksCleared())
@@ -996,6 +1012,13 @@ class BlockPool:
     def cached_block(self, block_hash: Hashable, group: int) -> int | None:
         """The block of ``group`` a lookup of ``block_hash`` finds, or ``None``."""
         return self._cached[group].get(block_hash)
+
+    def cached_blocks(self, block_hash: Hashable, group: int) -> list[int]:
+        """Every block of ``group`` cached under ``block_hash``, the one a lookup finds first."""
+        first = self._cached[group].get(block_hash)
+        if first is None:
+            return []
+        return [first, *self._dups[group].get(block_hash, ())]
 
     def free_block_ids(self) -> list[int]:
         """The free blocks in the policy's order: the next block to be allocated first."""

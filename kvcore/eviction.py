@@ -84,6 +84,14 @@ class PoolView(Protocol):
         """
         ...
 
+    def cached_blocks(self, block_hash: Hashable, group: int) -> Sequence[int]:
+        """Every block of ``group`` cached under ``block_hash``: the one a lookup finds first.
+
+        Two requests that computed the same block at the same time both
+        cache it; the later copies wait behind the first. Empty if none.
+        """
+        ...
+
 
 #: A position large enough to show a spec's reading rule far from the start.
 _PROBE = 1 << 30

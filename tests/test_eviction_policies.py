@@ -7,11 +7,14 @@ Expected orders are worked out by hand from the rules in
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvcore
 from kvcore import Request
 from kvcore._eviction.credit import NOT_FREE, WORTHLESS, CreditQueues
 from kvcore._eviction.policies import ValuePolicy
+from kvcore.eviction import GroupInfo, PoolInfo
 from kvcore.testing import RandomWorkload, admit
 from kvcore_plugins.full_attention import FullAttentionSpec
 from kvcore_plugins.mamba import MambaSpec
@@ -241,3 +244,67 @@ def test_random_traffic_keeps_every_invariant(registry, policy, config):
     assert stats.hit_tokens > 0
     assert stats.preemptions > 0
     assert stats.resets > 0
+
+
+# -- admission: the per-candidate computation against the per-block rule ----------------
+
+
+def _admitted_by_the_rule(policy: ValuePolicy, group: int, index: int, prompt: int) -> bool:
+    """The admission rule for one block, as the module documentation states it."""
+    info = policy._groups[group]
+    size = info.block_size
+    align = policy._align
+    first, stop = index * size, (index + 1) * size
+    last_end = (prompt - 1) // align * align
+
+    def reads(hit_end: int) -> bool:
+        assert info.tokens_read is not None
+        return any(r.start < stop and first < r.stop for r in info.tokens_read(hit_end) if r)
+
+    tail_start = max(0, last_end - policy._tail) // align * align
+    candidate = max((first // align + 1) * align, tail_start)
+    if candidate <= last_end and reads(candidate):
+        return True
+    interval = policy._checkpoint_interval()
+    if interval:
+        candidate = (first // interval + 1) * interval
+        if candidate <= last_end and reads(candidate):
+            return True
+    return False
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    block_size=st.sampled_from([1, 4, 16, 64]),
+    align_blocks=st.sampled_from([1, 2, 4]),
+    window=st.one_of(st.none(), st.integers(1, 300)),
+    tail=st.sampled_from([0, 16, 512]),
+    share=st.sampled_from([0.0, 1 / 32, 0.5]),
+    prompt=st.integers(1, 6000),
+    span=st.tuples(st.integers(0, 400), st.integers(0, 400)),
+)
+def test_admitted_blocks_follow_the_rule_block_by_block(
+    block_size, align_blocks, window, tail, share, prompt, span
+):
+    """The admission computed per candidate end equals the rule applied to every block."""
+    if window is None:
+        suffix = MambaSpec(
+            block_size=block_size, shapes=((2, 8),), dtypes=("float32",), mamba_cache_mode="align"
+        )
+    else:
+        suffix = SlidingWindowSpec(
+            block_size=block_size,
+            num_kv_heads=1,
+            head_size=8,
+            dtype="float16",
+            sliding_window=window,
+        )
+    groups = (GroupInfo(kind="full_attention", block_size=block_size), GroupInfo.of(suffix))
+    policy = ValuePolicy(
+        PoolInfo(num_blocks=8, groups=groups, alignment_tokens=block_size * align_blocks),
+        tail_tokens=tail,
+        checkpoint_share=share,
+    )
+    start, stop = min(span), max(span)
+    expected = [i for i in range(start, stop) if _admitted_by_the_rule(policy, 1, i, prompt)]
+    assert policy._admitted_indices(1, start, stop, prompt) == expected

@@ -16,6 +16,7 @@ import pytest
 
 import kvcore
 from kvcore import Request
+from kvcore._eviction.policies import ValuePolicy
 from kvcore._free_queue import LRUFreeQueue
 from kvcore.errors import (
     HookImplementationError,
@@ -447,3 +448,63 @@ def test_every_policy_accepts_a_touch_of_a_never_allocated_block(policy):
     pool.free_blocks([5])
     assert pool.free_block_ids() == [5]
     pool.check_invariants()
+
+
+class FrequencyThroughTheProtocol(ValuePolicy):
+    """The built-in ``frequency`` policy, not of its exact type: driven by the protocol."""
+
+
+def _through_the_protocol(**options: object):
+    def factory(info: PoolInfo) -> FrequencyThroughTheProtocol:
+        return FrequencyThroughTheProtocol(info, **options)  # type: ignore[arg-type]
+
+    return factory
+
+
+@pytest.mark.parametrize(
+    ("policy", "options"),
+    [
+        ("admit", {}),
+        ("frequency", {"hit_credits": (0.0, 1.0, 2.0)}),
+        ("cost", {"depth_credit": 0.25}),
+    ],
+)
+@pytest.mark.parametrize("name", sorted(HYBRIDS))
+def test_the_fused_policy_paths_and_the_protocol_path_choose_the_same_blocks(
+    name, policy, options
+):
+    """The built-in policies' fused paths (release_table, revive_table) only go faster.
+
+    The pool drives a built-in credit-queue policy directly, with a table
+    freed and a hit adopted in one pass each; a subclass of the same policy
+    is driven through take/release/revive/hit like any third-party policy.
+    The same random traffic must give the same block ids, hit lengths,
+    events and free order at every checkpoint.
+    """
+    registry = kvcore.load_registry(environ={})
+    config = kvcore.KVCacheConfig.from_specs(70, HYBRIDS[name])
+    managers = [
+        kvcore.KVCacheManager(
+            config,
+            512,
+            registry=registry,
+            hash_algorithm="fast",
+            enable_kv_cache_events=True,
+            eviction=eviction,
+        )
+        for eviction in (policy, _through_the_protocol(**options))
+    ]
+    fused, generic = (manager.block_pool for manager in managers)
+    assert fused._lru is fused.policy
+    assert type(fused.policy) is ValuePolicy
+    assert generic._lru is None
+    workloads = [RandomWorkload(manager, seed=29, max_running=6) for manager in managers]
+    for _ in range(10):
+        stats = [workload.run(150) for workload in workloads]
+        assert stats[0] == stats[1]
+        assert fused.free_block_ids() == generic.free_block_ids()
+        assert fused._ref == generic._ref
+        assert fused._hash == generic._hash
+        assert fused.take_events() == generic.take_events()
+    assert stats[0].hit_tokens > 0
+    assert stats[0].preemptions > 0

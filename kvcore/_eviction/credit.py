@@ -25,14 +25,16 @@ and a deadline (26 bytes a block, plus the ints the links refer to).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
-__all__ = ["NOT_FREE", "WORTHLESS", "CreditQueues"]
+__all__ = ["NOT_FREE", "PLACE", "WORTHLESS", "CreditQueues"]
 
 #: Class of a block that is not free.
 NOT_FREE = 255
 #: Class of free blocks that are taken before any valued one.
 WORTHLESS = 0
+#: Not a class: a class table's mark for a block its policy places itself.
+PLACE = 254
 
 
 class CreditQueues:
@@ -189,6 +191,93 @@ class CreditQueues:
         prv[block] = tail
         self._next[block] = sentinel
         prv[sentinel] = block
+
+    def push_all(self, blocks: Sequence[int], classes: Sequence[int]) -> None:
+        """:meth:`push` of each of ``blocks`` in its class (``classes``, same length), in order."""
+        clock = self._clock
+        credits = self._credits
+        deadline = self._deadline
+        class_of = self._class
+        sentinels = self._sentinels
+        nxt = self._next
+        prv = self._prev
+        for block, klass in zip(blocks, classes, strict=True):
+            if klass:
+                clock += 1
+            deadline[block] = clock + credits[klass]
+            class_of[block] = klass
+            sentinel = sentinels[klass]
+            tail = prv[sentinel]
+            nxt[tail] = block
+            prv[block] = tail
+            nxt[block] = sentinel
+            prv[sentinel] = block
+        self._clock = clock
+
+    def release_table(
+        self,
+        ref: list[int],
+        table: Sequence[int],
+        classes: bytes | bytearray,
+        flags: bytes | bytearray,
+        hits: bytes | bytearray,
+        place: Callable[[int], None],
+    ) -> list[int]:
+        """Drop one count in ``ref`` per block of ``table``, last first; queue the blocks at 0.
+
+        A block reaching 0 goes to the tail of class ``classes[hits[b] << 5 |
+        flags[b]]``, in that turn; where that entry is :data:`PLACE`,
+        ``place(block)`` queues it instead (it may call :meth:`push`,
+        :meth:`push_after` and :meth:`move`). One pass: the fused form of a
+        policy's release of a freed block table.
+
+        The caller guarantees that no count in ``ref`` for ``table`` is 0 (no
+        double free), no block appears twice and the null block's count is
+        high enough that it is never released.
+
+        Returns:
+            The released blocks, in the order they were queued.
+        """
+        clock = self._clock
+        credits = self._credits
+        deadline = self._deadline
+        class_of = self._class
+        sentinels = self._sentinels
+        nxt = self._next
+        prv = self._prev
+        # Each class's tail, kept here and linked to its sentinel once at
+        # the end (and before ``place`` looks at the queues).
+        tails = [prv[sentinel] for sentinel in sentinels]
+        released: list[int] = []
+        for block in reversed(table):
+            count = ref[block] - 1
+            ref[block] = count
+            if count:
+                continue
+            released.append(block)
+            klass = classes[hits[block] << 5 | flags[block]]
+            if klass == PLACE:
+                self._clock = clock
+                for sentinel, tail in zip(sentinels, tails, strict=True):
+                    nxt[tail] = sentinel
+                    prv[sentinel] = tail
+                place(block)
+                clock = self._clock
+                tails = [prv[sentinel] for sentinel in sentinels]
+                continue
+            if klass:
+                clock += 1
+            deadline[block] = clock + credits[klass]
+            class_of[block] = klass
+            tail = tails[klass]
+            nxt[tail] = block
+            prv[block] = tail
+            tails[klass] = block
+        for sentinel, tail in zip(sentinels, tails, strict=True):
+            nxt[tail] = sentinel
+            prv[sentinel] = tail
+        self._clock = clock
+        return released
 
     def remove(self, block: int) -> None:
         """Take free ``block`` out of its class (a hit revived it).

@@ -61,9 +61,11 @@ The policies:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any
 
-from kvcore._eviction.credit import NOT_FREE, WORTHLESS, CreditQueues
+from kvcore._eviction.credit import NOT_FREE, PLACE, WORTHLESS, CreditQueues
+from kvcore.errors import OutOfBlocksError
 from kvcore.eviction import PoolInfo
 
 __all__ = [
@@ -82,9 +84,13 @@ CHECKPOINT_SHARE = 1 / 32
 #: Chain depth (tokens) from which attention outweighs the rest of a token's prefill.
 DEPTH_SCALE = 8192
 
+UndoLog = list[tuple[Callable[..., None], Any]]
+
 _CACHED = 1  # carries a hash (set when cached, cleared when taken or forgotten)
 _SUFFIX = 2  # in a group that reads only the end of a hit
 _ADMITTED = 4  # a suffix block at a likely hit end
+_PARTNER = 8  # a prefix block a valued suffix block of the same position may follow
+_LISTED = 16  # a valued suffix block in the policy's list of follower hashes
 
 
 class ValuePolicy:
@@ -106,7 +112,11 @@ class ValuePolicy:
     """
 
     __slots__ = (
+        "_admitted_hash",
+        "_admitted_hashes",
         "_align",
+        "_class_tables",
+        "_depth_level",
         "_depth_levels",
         "_end",
         "_flags",
@@ -114,6 +124,7 @@ class ValuePolicy:
         "_hit_levels",
         "_hits",
         "_interval",
+        "_log",
         "_prefix_groups",
         "_queues",
         "_read_memo",
@@ -123,6 +134,7 @@ class ValuePolicy:
         "_view",
         "admission",
         "follow",
+        "num_free",
     )
 
     def __init__(
@@ -140,6 +152,8 @@ class ValuePolicy:
         turnover = max(1, n - 1)
         self._hit_levels = len(hit_credits)
         self._depth_levels = 6 if depth_credit else 1
+        self._class_tables: list[bytearray | None] = [None] * self._depth_levels
+        self._depth_level = 0  # of the table release_table is releasing
         # Class 1 + hit level × depth levels + depth level.
         self._queues = CreditQueues(
             n,
@@ -157,7 +171,7 @@ class ValuePolicy:
         self._tail = tail_tokens
         self._share = checkpoint_share
         self._interval: int | None = None  # computed on first use (needs the managers)
-        self._read_memo: list[dict[int, tuple[range, ...]]] = [{} for _ in info.groups]
+        self._read_memo: list[dict[int, tuple[tuple[int, int], ...]]] = [{} for _ in info.groups]
         self._view = info.view
         self._suffix_groups = tuple(
             g
@@ -171,6 +185,14 @@ class ValuePolicy:
         )
         self.admission = admission
         self.follow = follow and self._view is not None and bool(self._suffix_groups)
+        # Admitted suffix blocks: block -> hash, and how many hold each hash;
+        # a prefix block cached under such a hash is marked _PARTNER, so
+        # that only those look for followers when freed.
+        self._admitted_hash: dict[int, Hashable] = {}
+        self._admitted_hashes: dict[Hashable, int] = {}
+        #: Free blocks (the pool's free-queue interface; see below).
+        self.num_free = n
+        self._log: UndoLog | None = None
 
     # -- what the pool reports --------------------------------------------------------
 
@@ -178,34 +200,74 @@ class ValuePolicy:
         """The ``n`` free blocks due first (never-used ones, then worthless ones)."""
         blocks = self._queues.take(n)
         flags = self._flags
+        hits = self._hits
+        # A taken block starts over: no hash, never hit.
         for block in blocks:
+            if flags[block] & _LISTED:
+                self._unlist(block)
             flags[block] = 0
+            hits[block] = 0
         return blocks
 
     def release(self, blocks: Sequence[int]) -> None:
         """Queue freed blocks in the class their value says, in the given order."""
-        queues = self._queues
         flags = self._flags
         hits = self._hits
         depth_level = self._chain_depth_level(blocks) if self._depth_levels > 1 else 0
-        depth_levels = self._depth_levels
+        table = self._class_tables[depth_level]
+        if table is None:
+            table = self._class_tables[depth_level] = self._class_table(depth_level)
+        classes = [table[hits[block] << 5 | flags[block]] for block in blocks]
+        if PLACE not in classes:
+            self._queues.push_all(blocks, classes)
+            return
+        # A block whose place depends on other blocks (a suffix block joining
+        # its prefix, a prefix block its suffix blocks follow) is placed
+        # alone, after everything before it.
+        start = 0
+        for index, klass in enumerate(classes):
+            if klass == PLACE:
+                if start < index:
+                    self._queues.push_all(blocks[start:index], classes[start:index])
+                block = blocks[index]
+                self._release_linked(block, flags[block], hits[block], depth_level)
+                start = index + 1
+        if start < len(blocks):
+            self._queues.push_all(blocks[start:], classes[start:])
+
+    def _class_table(self, depth_level: int) -> bytearray:
+        """The class of a freed block by ``hits << 5 | flags``, for a chain of ``depth_level``.
+
+        :data:`PLACE` marks the blocks :meth:`_release_linked` places.
+        """
+        table = bytearray(256 << 5)
         last_hit_level = self._hit_levels - 1
-        follow = self.follow
-        for block in blocks:
-            flag = flags[block]
-            count = hits[block]
-            if not flag & _CACHED or (flag & _SUFFIX and not flag & _ADMITTED and not count):
-                queues.push(block, WORTHLESS)
-                continue
-            if follow and flag & _SUFFIX and self._join_prefix(block):
-                continue
+        for count in range(256):
             level = count if count < last_hit_level else last_hit_level
-            # Depth credit only once a hit has shown the prefix is reused: most
-            # blocks never are, and their compute is saved only if they are.
-            klass = 1 + level * depth_levels + (depth_level if count else 0)
-            queues.push(block, klass)
-            if follow and flag == _CACHED:
-                self._follow(block, klass)
+            for flag in range(1 << 5):
+                if flag == _CACHED:
+                    # Depth credit only once a hit has shown the prefix is
+                    # reused: most blocks never are, and their compute is
+                    # saved only if they are.
+                    klass = 1 + level * self._depth_levels + (depth_level if count else 0)
+                elif not flag & _CACHED or (flag & _SUFFIX and not flag & _ADMITTED and not count):
+                    klass = WORTHLESS
+                else:
+                    klass = PLACE
+                table[count << 5 | flag] = klass
+        return table
+
+    def _release_linked(self, block: int, flag: int, count: int, depth_level: int) -> None:
+        """Queue a valued block whose place may follow the other blocks at its position."""
+        follow = self.follow
+        if follow and flag & _SUFFIX and self._join_prefix(block):
+            return
+        last_hit_level = self._hit_levels - 1
+        level = count if count < last_hit_level else last_hit_level
+        klass = 1 + level * self._depth_levels + (depth_level if count else 0)
+        self._queues.push(block, klass)
+        if follow and flag & _PARTNER:
+            self._follow(block, klass)
 
     def revive(self, block: int) -> None:
         """A hit took a free block back."""
@@ -214,18 +276,29 @@ class ValuePolicy:
     def hit(self, blocks: Sequence[int]) -> None:
         """Count the hit on every adopted block."""
         hits = self._hits
+        flags = self._flags
+        follow = self.follow
         for block in blocks:
             if block and hits[block] < 255:
                 hits[block] += 1
+                # A suffix block read by a hit is valued from now on.
+                if follow and flags[block] & (_SUFFIX | _LISTED) == _SUFFIX:
+                    self._list(block, self._view.block_hash(block))  # type: ignore[union-attr]
 
     def forget(self, blocks: Sequence[int] | None) -> None:
         """Blocks without a hash are worthless; free ones move to the front."""
         if blocks is None:
             self._flags = bytearray(len(self._flags))
+            self._hits = bytearray(len(self._hits))
+            self._admitted_hash.clear()
+            self._admitted_hashes.clear()
             return
         queues = self._queues
         for block in blocks:
+            if self._flags[block] & _LISTED:
+                self._unlist(block)
             self._flags[block] = 0
+            self._hits[block] = 0
             if queues.class_of(block) not in (WORTHLESS, NOT_FREE):
                 queues.move(block, WORTHLESS)
 
@@ -238,64 +311,212 @@ class ValuePolicy:
         block_hashes: Sequence[Hashable],
         num_prompt_tokens: int,
     ) -> None:
-        """Record each newly cached block's depth and, in suffix groups, whether it is admitted."""
+        """Record each newly cached block's depth and, in suffix groups, whether it is admitted.
+
+        A block is never hit while uncached (``take`` and ``forget`` reset
+        its count), so only its flags (and, for the cost policy, the token
+        its chain ends at) are written here.
+        """
         size = self._groups[group].block_size
         flags = self._flags
-        hits = self._hits
-        end = self._end
-        suffix = self.admission and group in self._suffix_groups
-        admitted = self._admitted
-        for index in range(start, stop):
-            block = blocks[index]
-            if not block:
-                continue
-            stop_token = (index + 1) * size
-            hits[block] = 0
-            end[block] = stop_token
-            if not suffix:
+        if self._depth_levels > 1:
+            end = self._end
+            for index in range(start, stop):
+                end[blocks[index]] = (index + 1) * size
+        if not (self.admission and group in self._suffix_groups):
+            for block in blocks[start:stop]:
                 flags[block] = _CACHED
-            elif admitted(group, stop_token - size, stop_token, num_prompt_tokens):
-                flags[block] = _CACHED | _SUFFIX | _ADMITTED
-            else:
+            admitted_hashes = self._admitted_hashes
+            if self.follow and admitted_hashes and group in self._prefix_groups:
+                for index in range(start, stop):
+                    if block_hashes[index] in admitted_hashes:
+                        flags[blocks[index]] = _CACHED | _PARTNER
+        else:
+            for block in blocks[start:stop]:
                 flags[block] = _CACHED | _SUFFIX
+            for index in self._admitted_indices(group, start, stop, num_prompt_tokens):
+                block = blocks[index]
+                if block:
+                    flags[block] = _CACHED | _SUFFIX | _ADMITTED
+                    if self.follow:
+                        self._list(block, block_hashes[index])
+        # Null blocks in the range are not cached; the null block is never
+        # released or taken, but keep its state clean.
+        flags[0] = 0
 
     def __iter__(self) -> Iterator[int]:
         """The free blocks, next to be taken first."""
         return iter(self._queues)
 
+    # -- the pool's free-queue interface ------------------------------------------------
+    #
+    # The block pool drives these policies as it drives its LRU queue, with
+    # no PolicyDriver in between: pop_n / push / remove_blocks, and the fused
+    # release_table (a freed table) and revive_table (an adopted hit). Each
+    # is the protocol call above plus the free count and the undo; the undo
+    # compensates (see kvcore._eviction.driver): the free set and the counts
+    # are restored exactly, the order and the hit counts maybe not.
+
+    def pop_n(self, n: int) -> list[int]:
+        """:meth:`take` ``n`` blocks.
+
+        Raises:
+            OutOfBlocksError: fewer than ``n`` blocks are free; nothing changes.
+        """
+        if n > self.num_free:
+            msg = f"cannot take {n} blocks: only {self.num_free} are free"
+            raise OutOfBlocksError(msg)
+        blocks = self.take(n)
+        self.num_free -= n
+        if self._log is not None:
+            self._log.append((self._undo_take, (blocks,)))
+        return blocks
+
+    def push(self, blocks: Sequence[int]) -> None:
+        """:meth:`release` ``blocks``."""
+        self.release(blocks)
+        self.num_free += len(blocks)
+        if self._log is not None:
+            self._log.append((self._undo_release, (blocks,)))
+
+    def remove_blocks(self, blocks: Sequence[int]) -> None:
+        """:meth:`revive` each of ``blocks``, in order."""
+        remove = self._queues.remove
+        for block in blocks:
+            remove(block)
+        self.num_free -= len(blocks)
+        if self._log is not None:
+            self._log.append((self._undo_revive, (blocks,)))
+
+    def release_table(self, ref: list[int], table: Sequence[int]) -> int | None:
+        """Drop one count in ``ref`` per block of ``table``, last first; release the blocks at 0.
+
+        The contract of ``LRUFreeQueue.release_table``: the caller guarantees
+        no block appears twice and the null block's count is high enough
+        that it is never released.
+
+        Returns:
+            ``None``, or the first block of ``table`` whose count was already
+            0 (a double free): then nothing changed.
+        """
+        if 0 in map(ref.__getitem__, table):
+            return next(block for block in table if not ref[block])
+        flags = self._flags
+        hits = self._hits
+        depth_level = 0
+        if self._depth_levels > 1:
+            depth_level = self._chain_depth_level([b for b in table if ref[b] == 1])
+        classes = self._class_tables[depth_level]
+        if classes is None:
+            classes = self._class_tables[depth_level] = self._class_table(depth_level)
+        self._depth_level = depth_level
+        released = self._queues.release_table(ref, table, classes, flags, hits, self._place)
+        self.num_free += len(released)
+        if self._log is not None:
+            self._log.append((self._undo_release, (released,)))
+        return None
+
+    def revive_table(self, ref: list[int], blocks: Sequence[int]) -> None:
+        """Add one count in ``ref`` per block; revive the blocks at 0; count the hit.
+
+        The contract of ``LRUFreeQueue.revive_table``: the caller guarantees
+        no block at 0 appears twice and the null block's count is high
+        enough that it is never revived.
+        """
+        revived = [block for block in blocks if not ref[block]]
+        for block in blocks:
+            ref[block] += 1
+        if revived:
+            self.remove_blocks(revived)
+        self.hit(blocks)
+
+    def _place(self, block: int) -> None:
+        """:meth:`_release_linked` for :meth:`release_table` (the chain depth noted there)."""
+        self._release_linked(block, self._flags[block], self._hits[block], self._depth_level)
+
+    def _undo_take(self, blocks: list[int]) -> None:
+        self.release(blocks)
+        self.num_free += len(blocks)
+
+    def _undo_release(self, blocks: Sequence[int]) -> None:
+        remove = self._queues.remove
+        for block in reversed(blocks):
+            remove(block)
+        self.num_free -= len(blocks)
+
+    def _undo_revive(self, blocks: Sequence[int]) -> None:
+        self.release(blocks)
+        self.num_free += len(blocks)
+
     # -- decisions --------------------------------------------------------------------
 
-    def _reads(self, group: int, hit_end: int, first: int, stop: int) -> bool:
-        """Whether a hit ending at ``hit_end`` reads tokens of ``[first, stop)`` in ``group``."""
+    def _blocks_read(self, group: int, hit_end: int) -> tuple[tuple[int, int], ...]:
+        """Block index ranges ``[lo, hi)`` of ``group`` that a hit ending at ``hit_end`` reads."""
         memo = self._read_memo[group]
         ranges = memo.get(hit_end)
         if ranges is None:
             tokens_read = self._groups[group].tokens_read
             assert tokens_read is not None
-            ranges = memo[hit_end] = tokens_read(hit_end)
-        return any(r.start < stop and first < r.stop for r in ranges if r)
+            size = self._groups[group].block_size
+            ranges = memo[hit_end] = tuple(
+                (r.start // size, (r.stop - 1) // size + 1) for r in tokens_read(hit_end) if r
+            )
+        return ranges
 
-    def _admitted(self, group: int, first: int, stop: int, num_prompt_tokens: int) -> bool:
-        """Whether a likely hit end reads the suffix block covering tokens ``[first, stop)``.
+    def _admitted_indices(
+        self, group: int, start: int, stop: int, num_prompt_tokens: int
+    ) -> list[int]:
+        """Indices in ``[start, stop)`` of the suffix blocks a likely hit end reads.
 
-        The tokens a hit reads move right as the hit grows, so for each kind
-        of likely end only the smallest candidate above ``first`` needs
-        checking: if it does not read the block, no later one does.
+        Block ``i`` covers tokens ``[i × bs, (i + 1) × bs)``. For each kind of
+        likely end (the prompt's tail, a checkpoint) only the smallest
+        candidate past the block's first token needs checking: the tokens a
+        hit reads move right as the hit grows, so if it does not read the
+        block, no later one does. Blocks sharing that candidate are handled
+        together, so the work is per candidate, not per block, except in the
+        last ``tail_tokens`` of the prompt.
         """
+        size = self._groups[group].block_size
         align = self._align
         last_end = (num_prompt_tokens - 1) // align * align  # longest hit on this prompt
-        after = (first // align + 1) * align  # first aligned end past ``first``
-        candidate = max(after, max(0, last_end - self._tail) // align * align)
-        if candidate <= last_end and self._reads(group, candidate, first, stop):
-            return True
+        # Only blocks starting before the longest hit can be read by it.
+        stop = min(stop, -(-last_end // size))
+        if start >= stop:
+            return []
+        blocks_read = self._blocks_read
+        admitted: set[int] = set()
+        # Tail: a block starting before ``tail_start`` has the candidate
+        # ``tail_start``; a later one the first aligned end past its start.
+        tail_start = max(0, last_end - self._tail) // align * align
+        split = min(stop, max(start, -(-tail_start // size)))
+        if start < split:
+            for lo, hi in blocks_read(group, tail_start):
+                admitted.update(range(max(lo, start), min(hi, split)))
+        for index in range(split, stop):
+            candidate = (index * size // align + 1) * align
+            for lo, hi in blocks_read(group, candidate):
+                if lo <= index < hi:
+                    admitted.add(index)
+                    break
         interval = self._interval
         if interval is None:
             interval = self._interval = self._checkpoint_interval()
         if interval:
-            candidate = (first // interval + 1) * interval
-            if candidate <= last_end and self._reads(group, candidate, first, stop):
-                return True
-        return False
+            # Blocks starting in [k × interval, (k + 1) × interval) have the
+            # checkpoint (k + 1) × interval.
+            k = start * size // interval
+            while True:
+                checkpoint = (k + 1) * interval
+                if checkpoint > last_end:
+                    break
+                run_lo = max(start, -(-(k * interval) // size))
+                run_hi = min(stop, -(-checkpoint // size))
+                if run_lo >= stop:
+                    break
+                for lo, hi in blocks_read(group, checkpoint):
+                    admitted.update(range(max(lo, run_lo), min(hi, run_hi)))
+                k += 1
+        return sorted(admitted)
 
     def _checkpoint_interval(self) -> int:
         """Tokens between checkpoints so that they cost ``checkpoint_share`` of the prefix.
@@ -330,9 +551,31 @@ class ValuePolicy:
         end = self._end
         deepest = 0
         for block in blocks:
-            if flags[block] == _CACHED and end[block] > deepest:
+            if flags[block] & (_CACHED | _SUFFIX) == _CACHED and end[block] > deepest:
                 deepest = end[block]
         return min((deepest // DEPTH_SCALE).bit_length(), self._depth_levels - 1)
+
+    def _list(self, block: int, block_hash: Hashable) -> None:
+        """List valued suffix ``block`` and mark the prefix block it may follow."""
+        self._flags[block] |= _LISTED
+        self._admitted_hash[block] = block_hash
+        hashes = self._admitted_hashes
+        hashes[block_hash] = hashes.get(block_hash, 0) + 1
+        view = self._view
+        flags = self._flags
+        for group in self._prefix_groups:
+            for partner in view.cached_blocks(block_hash, group):  # type: ignore[union-attr]
+                flags[partner] |= _PARTNER
+
+    def _unlist(self, block: int) -> None:
+        """Listed suffix ``block`` loses its hash (taken or forgotten)."""
+        block_hash = self._admitted_hash.pop(block)
+        hashes = self._admitted_hashes
+        left = hashes[block_hash] - 1
+        if left:
+            hashes[block_hash] = left
+        else:
+            del hashes[block_hash]
 
     def _join_prefix(self, block: int) -> bool:
         """Queue kept suffix ``block`` behind the free prefix block ending at the same token.
