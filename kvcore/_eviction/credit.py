@@ -221,15 +221,17 @@ class CreditQueues:
         classes: bytes | bytearray,
         flags: bytes | bytearray,
         hits: bytes | bytearray,
+        classify: Callable[[int], int],
         place: Callable[[int], None],
     ) -> list[int]:
         """Drop one count in ``ref`` per block of ``table``, last first; queue the blocks at 0.
 
         A block reaching 0 goes to the tail of class ``classes[hits[b] << 5 |
-        flags[b]]``, in that turn; where that entry is :data:`PLACE`,
-        ``place(block)`` queues it instead (it may call :meth:`push`,
-        :meth:`push_after` and :meth:`move`). One pass: the fused form of a
-        policy's release of a freed block table.
+        flags[b]]``, in that turn. Where that entry is :data:`PLACE`, the
+        class is ``classify(block)`` (which only looks) and, if that is
+        :data:`PLACE` too, ``place(block)`` queues it (it may call
+        :meth:`push`, :meth:`push_after` and :meth:`move`). One pass: the
+        fused form of a policy's release of a freed block table.
 
         The caller guarantees that no count in ``ref`` for ``table`` is 0 (no
         double free), no block appears twice and the null block's count is
@@ -256,6 +258,8 @@ class CreditQueues:
                 continue
             released.append(block)
             klass = classes[hits[block] << 5 | flags[block]]
+            if klass == PLACE:
+                klass = classify(block)
             if klass == PLACE:
                 self._clock = clock
                 for sentinel, tail in zip(sentinels, tails, strict=True):

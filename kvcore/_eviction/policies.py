@@ -257,6 +257,39 @@ class ValuePolicy:
                 table[count << 5 | flag] = klass
         return table
 
+    def _linked_class(self, block: int) -> int:
+        """The class to queue marked ``block`` in at its turn, or :data:`PLACE`.
+
+        :data:`PLACE` when queueing it involves other free blocks (a free
+        prefix block to join, free suffix blocks to bring behind it): then
+        :meth:`_place` must queue it. Looks, changes nothing.
+        """
+        flag = self._flags[block]
+        count = self._hits[block]
+        last_hit_level = self._hit_levels - 1
+        level = count if count < last_hit_level else last_hit_level
+        klass = 1 + level * self._depth_levels + (self._depth_level if count else 0)
+        if not self.follow:
+            return klass
+        view = self._view
+        assert view is not None
+        if flag & _SUFFIX:
+            block_hash = self._admitted_hash.get(block)
+            if block_hash is None:
+                block_hash = view.block_hash(block)
+            groups = self._prefix_groups
+        elif flag & _PARTNER:
+            block_hash = view.block_hash(block)
+            groups = self._suffix_groups
+        else:
+            return klass
+        class_of = self._queues.class_of
+        for group in groups:
+            partner = view.cached_block(block_hash, group)
+            if partner is not None and class_of(partner) not in (WORTHLESS, NOT_FREE):
+                return PLACE
+        return klass
+
     def _release_linked(self, block: int, flag: int, count: int, depth_level: int) -> None:
         """Queue a valued block whose place may follow the other blocks at its position."""
         follow = self.follow
@@ -410,7 +443,9 @@ class ValuePolicy:
         if classes is None:
             classes = self._class_tables[depth_level] = self._class_table(depth_level)
         self._depth_level = depth_level
-        released = self._queues.release_table(ref, table, classes, flags, hits, self._place)
+        released = self._queues.release_table(
+            ref, table, classes, flags, hits, self._linked_class, self._place
+        )
         self.num_free += len(released)
         if self._log is not None:
             self._log.append((self._undo_release, (released,)))
