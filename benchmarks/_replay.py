@@ -221,7 +221,9 @@ def record_ops(
             while True:
                 ops.append((DECODE, index, token))
                 request.append_output_token_ids(token)
-                if manager.allocate_slots(request, 1, num_encoder_tokens=enc) is not None:
+                # Encoder tokens are passed only when a waiting request is
+                # scheduled, as vLLM's scheduler does; a decode step has none.
+                if manager.allocate_slots(request, 1) is not None:
                     request.num_computed_tokens += 1
                     produced[index] += 1
                     break
@@ -303,7 +305,7 @@ def replay_kvcore(
             request = requests[op[1]]
             start = clock()
             request.append_output_token_ids(op[2])
-            blocks = allocate_slots(request, 1, num_encoder_tokens=enc)
+            blocks = allocate_slots(request, 1)
             spent[DECODE] += clock() - start
             if blocks is None:
                 request._all_token_ids.pop()
@@ -398,7 +400,7 @@ def replay_vllm(
             request = requests[op[1]]
             start = clock()
             request.append_output_token_ids(op[2])
-            blocks = allocate_slots(request, 1, num_encoder_tokens=enc)
+            blocks = allocate_slots(request, 1)
             spent[DECODE] += clock() - start
             if blocks is None:
                 request._output_token_ids.pop()
