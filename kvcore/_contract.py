@@ -30,6 +30,7 @@ _MANAGER_FLAGS = (
     "allocates_for_encoder",
     "eagle_drops_last_block",
     "frees_skipped_blocks",
+    "decode_follows_base",
 )
 _MANAGER_CLASSMETHODS = ("find_longest_cache_hit", "is_prefix_cacheable", "validate_config")
 

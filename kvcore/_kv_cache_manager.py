@@ -53,18 +53,26 @@ def _has_fast_decode(coordinator: KVCacheCoordinator) -> bool:
     The fast path of ``allocate_slots`` answers "nothing to do" without
     calling the managers: valid only for managers whose allocation count,
     allocation, caching and (for types that free skipped blocks) removal of
-    skipped blocks are the base class's. A plugin overriding any of them
-    (e.g. room for speculative states) takes the full path on every call.
+    skipped blocks are the base class's, or whose class declares that its
+    overrides act as the base class's in a decode step
+    (:attr:`~kvcore.managers.SingleTypeManager.decode_follows_base`, with
+    ``decode_room_tokens`` more room). Any other plugin overriding one of
+    them takes the full path on every call.
     """
     base = SingleTypeManager
     for manager in coordinator.managers:
         cls = type(manager)
+        if cls.decode_follows_base:
+            continue
         if (
             cls.get_num_blocks_to_allocate is not base.get_num_blocks_to_allocate
             or cls.allocate_new_blocks is not base.allocate_new_blocks
         ):
             return False
-    if any(type(m).cache_blocks is not base.cache_blocks for m in coordinator._cacheable):
+    if any(
+        type(m).cache_blocks is not base.cache_blocks and not type(m).decode_follows_base
+        for m in coordinator._cacheable
+    ):
         return False
     return all(
         type(m).remove_skipped_blocks is base.remove_skipped_blocks for m in coordinator._windowed
@@ -575,7 +583,8 @@ class KVCacheManager:
         """Note on ``request`` what the decode fast path of ``allocate_slots`` tests.
 
         ``_kv_slots``: tokens the request has slots for in every decoder
-        group (a smaller need allocates nothing, in the base class's rule).
+        group (a smaller need allocates nothing, in the base class's rule),
+        less each group's ``decode_room_tokens``.
         ``_kv_cache_at``: the computed-token count at which some cacheable
         group caches its next block. Noted after every full call for the
         request (and after ``cache_blocks``); the tables change only in those.
@@ -585,6 +594,7 @@ class KVCacheManager:
         for manager in self._decoder_groups:
             table = manager.req_to_blocks.get(request_id)
             held = len(table) * manager.block_size if table is not None else 0
+            held -= manager.decode_room_tokens
             if held < slots:
                 slots = held
         request._kv_slots = slots if self._decoder_groups else 0

@@ -211,6 +211,19 @@ class SingleTypeManager(Generic[SpecT]):
     #: :meth:`get_num_skipped_tokens` or :meth:`remove_skipped_blocks`
     #: without setting it is refused by the registry.
     frees_skipped_blocks: ClassVar[bool] = False
+    #: Set by a class that overrides :meth:`get_num_blocks_to_allocate`,
+    #: :meth:`allocate_new_blocks` or :meth:`cache_blocks` but, for a running
+    #: request adopting no hit, does nothing whenever the base class would do
+    #: nothing with :attr:`decode_room_tokens` more tokens (and caches by the
+    #: base class's rule). The engine-facing manager's decode fast path may
+    #: then skip those calls for its groups, as it does for a class that
+    #: overrides none of them; otherwise every step of a running request
+    #: takes the full path.
+    decode_follows_base: ClassVar[bool] = False
+    #: Tokens of room the type allocates past a request's tokens (e.g. for
+    #: speculative states); what :attr:`decode_follows_base` adds. Plain
+    #: attribute, read on the decode path: set it in ``__init__``.
+    decode_room_tokens: int = 0
 
     @classmethod
     def is_prefix_cacheable(cls, spec: SpecT) -> bool:

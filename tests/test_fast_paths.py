@@ -13,6 +13,7 @@ found to be nothing.
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +21,8 @@ from tiny_specs import full, mamba, sw
 
 import kvcore
 from kvcore import KVCacheManager, Request
+from kvcore._kv_cache_manager import _has_fast_decode
+from kvcore.managers import SingleTypeManager
 from kvcore.testing import check_manager_invariants, snapshot
 
 REGISTRY = kvcore.load_registry(only=["full_attention", "sliding_window", "mamba"])
@@ -30,6 +33,8 @@ CONFIGS = {
     "sliding_window": [sw(6)],
     "full+sliding_window": [full(), sw(9)],
     "full+mamba": [full(), mamba(num_speculative_blocks=1)],
+    # Alone, the state group's room for speculative states sets the limit.
+    "mamba": [mamba(num_speculative_blocks=2)],
 }
 
 
@@ -154,11 +159,33 @@ def test_fast_decode_is_taken() -> None:
     """The fast path really runs (the test above would pass if it never did)."""
     assert drive(CONFIGS["full"], 0, 300) > 50
     assert drive(CONFIGS["full+sliding_window"], 0, 300) > 50
+    assert drive(CONFIGS["full+mamba"], 0, 300) > 50
 
 
-def test_fast_decode_off_for_overriding_managers() -> None:
-    """Mamba adds room for speculative states: its groups take the full path."""
-    assert not make(CONFIGS["full+mamba"], True)._fast_decode
+def test_mamba_declares_its_overrides_follow_the_base_in_decode() -> None:
+    """Mamba's room for speculative states is counted; its groups take the fast path."""
+    manager = make(CONFIGS["full+mamba"], True)
+    assert manager._fast_decode
+    mamba_group = manager.coordinator.managers[1]
+    assert mamba_group.decode_room_tokens == mamba_group.block_size * 1
+
+
+def test_fast_decode_off_for_undeclared_overrides() -> None:
+    """A manager overriding the allocation without declaring it keeps the full path."""
+
+    class Roomy(SingleTypeManager):  # type: ignore[type-arg]
+        def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
+            return super().allocate_new_blocks(request_id, num_tokens + self.block_size)
+
+    class Declared(Roomy):
+        decode_follows_base = True
+
+    def coordinator(manager_cls: type) -> SimpleNamespace:
+        manager = object.__new__(manager_cls)
+        return SimpleNamespace(managers=[manager], _cacheable=[manager], _windowed=[])
+
+    assert not _has_fast_decode(coordinator(Roomy))  # type: ignore[arg-type]
+    assert _has_fast_decode(coordinator(Declared))  # type: ignore[arg-type]
     assert make(CONFIGS["full+sliding_window"], True)._fast_decode
 
 

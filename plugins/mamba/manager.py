@@ -51,9 +51,14 @@ class MambaManager(SingleTypeManager[MambaSpec]):
     eagle_drops_last_block: ClassVar[bool] = False
     #: Every state but the latest is freed as the request advances.
     frees_skipped_blocks: ClassVar[bool] = True
+    #: The overrides below add room for speculative states, refuse a hit on
+    #: a same-step state and note what a step caches: in a decode step (no
+    #: hit) they act as the base class's with that room.
+    decode_follows_base: ClassVar[bool] = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.decode_room_tokens = self.block_size * self.spec.num_speculative_blocks
         #: State blocks cached since the current step began (steps announced).
         self.cached_blocks_this_step: set[int] = set()
         self._steps_announced = False
