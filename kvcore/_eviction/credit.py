@@ -299,6 +299,25 @@ class CreditQueues:
         prv[after] = before
         self._class[block] = NOT_FREE
 
+    def remove_all(self, blocks: Sequence[int]) -> None:
+        """:meth:`remove` each of ``blocks`` (all free), in order."""
+        fresh_start = self._fresh_start
+        fresh_end = self._fresh_end
+        holes = self._holes
+        nxt = self._next
+        prv = self._prev
+        class_of = self._class
+        for block in blocks:
+            if fresh_start <= block < fresh_end and block not in holes:
+                self._remove_fresh(block)
+                fresh_start = self._fresh_start
+                continue
+            before = prv[block]
+            after = nxt[block]
+            nxt[before] = after
+            prv[after] = before
+            class_of[block] = NOT_FREE
+
     def _remove_fresh(self, block: int) -> None:
         start = self._fresh_start
         if block != start:

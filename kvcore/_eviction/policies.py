@@ -414,9 +414,7 @@ class ValuePolicy:
 
     def remove_blocks(self, blocks: Sequence[int]) -> None:
         """:meth:`revive` each of ``blocks``, in order."""
-        remove = self._queues.remove
-        for block in blocks:
-            remove(block)
+        self._queues.remove_all(blocks)
         self.num_free -= len(blocks)
         if self._log is not None:
             self._log.append((self._undo_revive, (blocks,)))
@@ -459,11 +457,18 @@ class ValuePolicy:
         enough that it is never revived.
         """
         revived = [block for block in blocks if not ref[block]]
-        for block in blocks:
-            ref[block] += 1
         if revived:
             self.remove_blocks(revived)
-        self.hit(blocks)
+        hits = self._hits
+        flags = self._flags
+        follow = self.follow
+        for block in blocks:
+            ref[block] += 1
+            # The hit counted as hit() does (the null block is not counted).
+            if block and hits[block] < 255:
+                hits[block] += 1
+                if follow and flags[block] & (_SUFFIX | _LISTED) == _SUFFIX:
+                    self._list(block, self._view.block_hash(block))  # type: ignore[union-attr]
 
     def _place(self, block: int) -> None:
         """:meth:`_release_linked` for :meth:`release_table` (the chain depth noted there)."""
