@@ -28,9 +28,9 @@ through both paths and checks they hand out the same blocks.
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from collections.abc import Callable, Hashable, Sequence
-from itertools import compress, takewhile
-from operator import not_
+from itertools import compress
 from typing import Any, Final
 
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -106,6 +106,20 @@ def _check_pool_size(num_blocks: int) -> None:
             f"{format_bytes(available)} is available; plan with less memory or fewer blocks"
         )
         raise PoolTooLargeError(msg)
+
+
+def _without_leading_nulls(table: Sequence[int]) -> Sequence[int]:
+    """``table`` from its first non-null block on, if it starts with a run of nulls.
+
+    A windowed table starts with the nulls of the blocks it freed, often
+    hundreds of them: a bisection finds where a table of nulls-then-blocks
+    turns, and a C-level count checks that everything before is null (a
+    table of another shape is returned whole: its nulls are never released).
+    """
+    start = bisect_left(table, True, key=bool)
+    if table[:start].count(NULL_BLOCK) == start:
+        return table[start:]
+    return table
 
 
 class BlockPool:
@@ -825,17 +839,15 @@ class BlockPool:
         and in one pass: the free queue decrements each count and links the
         blocks reaching 0 at once; a double free is noticed off the released
         blocks' path (a count below 0) and undone. A table never holds a
-        block twice (null blocks aside).
+        block twice (null blocks aside), and is not empty.
 
         Raises:
             DoubleFreeError: a block of the table has no reference left;
                 nothing changes.
         """
         ref = self._ref
-        if table and not table[0]:
-            # A windowed table starts with the nulls of the blocks it freed:
-            # skipped at C level (they are never released).
-            table = table[len(list(takewhile(not_, table))) :]
+        if not table[0]:
+            table = _without_leading_nulls(table)
         # The null block's count is not maintained: raised for the pass so
         # that no decrement brings it to 0, then 0 again.
         ref[NULL_BLOCK] = len(table) + 2

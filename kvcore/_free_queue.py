@@ -29,6 +29,7 @@ restores the exact order (see :mod:`kvcore._undo`).
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from itertools import chain
 from typing import Any, ClassVar
 
 from kvcore.errors import OutOfBlocksError
@@ -160,6 +161,8 @@ class LRUFreeQueue:
         evicted) before its head, as :meth:`push` of the released blocks in
         that order would. The caller guarantees no block appears twice and
         sets the null block's count high enough that it is never released.
+        While a transaction runs, the undo restores the queue (the counts'
+        undo is the caller's).
 
         Returns:
             ``None``, or a block whose count was already 0 (a double free):
@@ -169,25 +172,39 @@ class LRUFreeQueue:
         prv = self._prev
         sentinel = self._sentinel
         tail = old_tail = prv[sentinel]
+        remaining = reversed(table)
+        # The common case first: a block only this table holds (count 1).
+        # The first block that is not (a shared head, a null block, an error)
+        # hands the rest of the table to the general loop below.
+        for block in remaining:
+            if ref[block] != 1:
+                rest = chain((block,), remaining)
+                break
+            ref[block] = 0
+            nxt[tail] = block
+            prv[block] = tail
+            tail = block
+        else:
+            rest = None
         kept = 0
-        double_freed = None
-        for block in reversed(table):
-            count = ref[block] - 1
-            ref[block] = count
-            if not count:
-                nxt[tail] = block
-                prv[block] = tail
-                tail = block
-            else:
-                # Off the released blocks' path: shared blocks, nulls, errors.
-                kept += 1
-                if count < 0:
-                    double_freed = block
-        if double_freed is not None:
-            for block in table:
-                ref[block] += 1
-            nxt[old_tail] = sentinel
-            return double_freed
+        if rest is not None:
+            double_freed = None
+            for block in rest:
+                count = ref[block] - 1
+                ref[block] = count
+                if not count:
+                    nxt[tail] = block
+                    prv[block] = tail
+                    tail = block
+                else:
+                    kept += 1
+                    if count < 0:
+                        double_freed = block
+            if double_freed is not None:
+                for block in table:
+                    ref[block] += 1
+                nxt[old_tail] = sentinel
+                return double_freed
         released = len(table) - kept
         if released:
             nxt[tail] = sentinel

@@ -725,7 +725,13 @@ class KVCacheManager:
             if owner is None:
                 return
             raise _foreign(request)
-        self._run(self.coordinator.free, request.request_id)
+        # _run inlined: free is called once per finished request.
+        self._checkpoint()
+        try:
+            self.coordinator.free(request.request_id)
+        except BaseException:
+            self.block_pool.rollback()
+            raise
         request._kv_owner = None
         del self._requests[request.request_id]
 

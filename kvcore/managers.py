@@ -78,6 +78,13 @@ def _undo_set(mapping: MutableMapping[str, Any], key: str, old: object) -> None:
         mapping[key] = old
 
 
+def _undo_forget(
+    manager: SingleTypeManager[Any], request_id: str, table: object, num_cached: object
+) -> None:
+    _undo_set(manager.req_to_blocks, request_id, table)
+    _undo_set(manager.num_cached_block, request_id, num_cached)
+
+
 def _undo_nulls(table: list[int], first: int, blocks: list[int]) -> None:
     table[first : first + len(blocks)] = blocks
 
@@ -476,12 +483,11 @@ class SingleTypeManager(Generic[SpecT]):
         """
         table = self.req_to_blocks.pop(request_id, _MISSING)
         num_cached = self.num_cached_block.pop(request_id, _MISSING)
-        log = self.block_pool._log
-        if log is not None:
-            log.append((_undo_set, (self.req_to_blocks, request_id, table)))
-            log.append((_undo_set, (self.num_cached_block, request_id, num_cached)))
+        pool = self.block_pool
+        if pool._log is not None:
+            pool._log.append((_undo_forget, (self, request_id, table, num_cached)))
         if table is not _MISSING and table:
-            self.block_pool._free_table(table)
+            pool._free_table(table)
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Free the blocks the request's next token no longer attends to.

@@ -229,6 +229,57 @@ def test_free_detects_a_double_free_and_changes_nothing() -> None:
     assert manager.block_pool.ref_count(0) == 0
 
 
+@pytest.mark.parametrize(
+    ("shape", "expected_tail"),
+    [
+        # Unique blocks only: all take the count-1 loop.
+        ("bbbb", "4321"),
+        # Leading nulls (a windowed table): skipped before the pass.
+        ("00bb", "43"),
+        # Nulls between blocks: the bisection lands inside; nothing skipped wrongly.
+        ("0b0b", "42"),
+        ("b00b", "41"),
+        ("000b0", "4"),
+        # A shared block at the head: the count-1 loop hands over to the general one.
+        ("sbbb", "432"),
+        ("bsbb", "431"),
+    ],
+)
+def test_free_table_releases_every_block_of_any_shape(shape: str, expected_tail: str) -> None:
+    """Nulls (0), shared (s) and unique (b) blocks: the unique ones join the tail, last first."""
+    pool = kvcore.BlockPool(8)
+    assert pool.get_new_blocks(4) == [1, 2, 3, 4]  # position i may hold block i + 1
+    table = [0 if kind == "0" else i + 1 for i, kind in enumerate(shape)]
+    for block in range(1, 5):
+        if block not in table:
+            pool.free_blocks([block])  # not in the table: free it beforehand
+    shared = [i + 1 for i, kind in enumerate(shape) if kind == "s"]
+    pool.touch(shared)  # a second holder
+    queue_before = pool.free_block_ids()
+    before = full_pool_state(pool)
+    assert pool.begin()
+    pool._free_table(table)
+    assert pool.free_block_ids() == queue_before + [int(b) for b in expected_tail]
+    assert [pool.ref_count(b) for b in shared] == [1] * len(shared)
+    pool.check_invariants()
+    pool.rollback()
+    assert full_pool_state(pool) == before
+    pool.check_invariants()
+
+
+def test_free_table_double_free_after_released_blocks_changes_nothing() -> None:
+    """A double free at the head, met after the tail was already linked: all restored."""
+    pool = kvcore.BlockPool(8)
+    table = pool.get_new_blocks(4)
+    pool.free_blocks([table[0]])  # freed behind the table's back
+    before = full_pool_state(pool)
+    with pytest.raises(kvcore.DoubleFreeError, match=f"block {table[0]} "):
+        pool._free_table(table)
+    assert full_pool_state(pool) == before
+    assert pool.ref_count(0) == 0
+    pool.check_invariants()
+
+
 def test_a_hit_waiting_as_one_run_is_revived_in_one_step_and_undone_exactly() -> None:
     """A freed request's blocks wait as one run (last first); a hit on them unlinks the run."""
     pool = kvcore.BlockPool(12)
