@@ -236,6 +236,7 @@ class KVCacheManager:
             m for m in self.coordinator.managers if not m.allocates_for_encoder
         )
         self._free_queue = self.block_pool._free
+        self._managers = self.coordinator.managers
         self._undo = self.block_pool._undo
         self._no_hits = self.empty_kv_cache_blocks.blocks
         # The decode fast path (see allocate_slots and _note_decode_limits).
@@ -725,15 +726,18 @@ class KVCacheManager:
             if owner is None:
                 return
             raise _foreign(request)
-        # _run inlined: free is called once per finished request.
+        # What _run(coordinator.free, ...) does, two calls fewer: free runs
+        # once per finished request, mostly on short or windowed tables.
+        request_id = request.request_id
         self._checkpoint()
         try:
-            self.coordinator.free(request.request_id)
+            for manager in self._managers:
+                manager.free(request_id)
         except BaseException:
             self.block_pool.rollback()
             raise
         request._kv_owner = None
-        del self._requests[request.request_id]
+        del self._requests[request_id]
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache the request's blocks that are full after ``num_computed_tokens`` tokens.
