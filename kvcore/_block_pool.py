@@ -1,10 +1,12 @@
 """The block pool: block ids, reference counts, the prefix cache map, events.
 
 Blocks are plain integers ``0 .. num_blocks - 1``. Per-block state lives in
-parallel lists indexed by block id (reference count, cached hash, owning
+parallel sequences indexed by block id (reference count, cached hash, owning
 group), not in one object per block: building a pool of a million blocks is a
-handful of list allocations, and the allocation path indexes lists instead of
-reading object attributes.
+handful of allocations, and the allocation path indexes lists instead of
+reading object attributes. The hot state stays in lists (CPython indexes a
+list several times faster than an ``array``); the group of a one-group pool,
+which no hot path reads, is a ``bytearray``.
 
 Block 0 is the *null block*: a placeholder in block tables (for positions a
 windowed attention type no longer needs). It is never handed out, cached,
@@ -60,8 +62,9 @@ _INT: Final = {int}
 #: Most blocks a pool may have: block tables hold int32 block ids.
 MAX_NUM_BLOCKS: Final = 2**31 - 1
 
-# Host memory per block for the pool's bookkeeping: five list slots (reference
-# count, hash, group, and the free queue's two links), 8 bytes each.
+# Host memory per block for the pool's bookkeeping: four list slots (reference
+# count, hash, and the free queue's two links) of 8 bytes each, and the group
+# (a byte with one group, a list slot with several: counted as 8).
 _BYTES_PER_BLOCK: Final = 40
 # Pools needing less than this are not checked against the host's memory.
 _CHECK_HOST_MEMORY_ABOVE: Final = 2**28
@@ -247,7 +250,12 @@ class BlockPool:
         self._num_dropped = 0
         self._ref: list[int] = [0] * num_blocks
         self._hash: list[Hashable | None] = [None] * num_blocks
-        self._group: list[int] = [0] * num_blocks
+        # The group each block was last cached in. With one group it is
+        # always 0 and no hot path reads it: one byte per block. With
+        # several, evictions read it per block, and a list reads faster.
+        self._group: bytearray | list[int] = (
+            bytearray(num_blocks) if num_groups == 1 else [0] * num_blocks
+        )
         # Per group: hash -> the first cached block with that hash. Identical
         # blocks are not de-duplicated (block tables are append-only), so later
         # blocks with an already-cached hash wait in _dups, oldest first.
@@ -675,8 +683,18 @@ class BlockPool:
         if log is not None:
             old_hashes = list(map(block_hash_of.__getitem__, blocks))
             log.append((self._undo_new, (blocks, old_hashes)))
-        group_of = self._group
         cached = self._cached
+        if len(cached) == 1:
+            # One group: the map to evict from is known.
+            only_map = cached[0]
+            for block in blocks:
+                block_hash = block_hash_of[block]
+                if block_hash is not None:
+                    del only_map[block_hash]
+                    block_hash_of[block] = None
+                ref[block] = 1
+            return blocks
+        group_of = self._group
         for block in blocks:
             block_hash = block_hash_of[block]
             if block_hash is not None:
