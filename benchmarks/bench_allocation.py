@@ -241,10 +241,13 @@ def bench_memory(args: argparse.Namespace, vllm: Any | None) -> None:
     rows = [("kvcore, sha256 hashes", lambda: kvcore.BlockPool(n), "sha256")]
     rows.append(("kvcore, 16-byte hashes", lambda: kvcore.BlockPool(n), "xxh3_128"))
     rows.append(("kvcore, fast (int) hashes", lambda: kvcore.BlockPool(n), "fast"))
+    parts: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
     for label, make, algorithm in rows:
         secs, fresh, pool = traced_bytes(make)
+        fresh_parts = pool_components(pool, fresh)
         del pool
         _, aged, pool = traced_bytes(lambda make=make, a=algorithm: _aged(make(), n, bs, a))
+        parts[label] = fresh_parts, pool_components(pool, aged)
         del pool
         print(f"  {label:<28}{secs:>9.3f}{fresh / n:>15.1f}{aged / n:>14.1f}")
     if vllm is not None:
@@ -258,6 +261,45 @@ def bench_memory(args: argparse.Namespace, vllm: Any | None) -> None:
         del pool
         label = f"vLLM {vllm.version}, sha256 hashes"
         print(f"  {label:<28}{secs:>9.3f}{fresh / n:>15.1f}{aged / n:>14.1f}")
+    print("  kvcore by component, B/block fresh / aged (sys.getsizeof of what the pool holds):")
+    labels = list(parts)
+    print(f"  {'component':<28}" + "".join(f"{label:>28}" for label in labels))
+    for component in parts[labels[0]][0]:
+        cells = "".join(
+            f"{f'{fresh[component] / n:.1f} / {aged[component] / n:.1f}':>28}"
+            for fresh, aged in parts.values()
+        )
+        print(f"  {component:<28}{cells}")
+
+
+def pool_components(pool: Any, total: int) -> dict[str, int]:
+    """Bytes of each part of a kvcore pool's per-block state (``sys.getsizeof``).
+
+    Block ids above 256 are int objects of their own (smaller ones are shared
+    by the interpreter): counted once, wherever the queue or the map holds
+    them. ``other`` is ``total`` (tracemalloc) minus the parts.
+    """
+    queue = pool._lru
+    links = [queue._next, queue._prev] if queue is not None else []
+    maps = [*pool._cached, *pool._dups]
+    hashes = {id(h): h for h in pool._hash if h is not None}
+    ids: dict[int, int] = {}
+    for sequence in [*links, *(m.values() for m in pool._cached)]:
+        for block in sequence:
+            if block > 256:
+                ids[id(block)] = block
+    waiting = [blocks for dups in pool._dups for blocks in dups.values()]
+    parts = {
+        "reference counts": sys.getsizeof(pool._ref),
+        "group ids": sys.getsizeof(pool._group),
+        "free-queue links": sum(map(sys.getsizeof, links)),
+        "block-id int objects": sum(map(sys.getsizeof, ids.values())),
+        "hash slots": sys.getsizeof(pool._hash),
+        "hash objects": sum(map(sys.getsizeof, hashes.values())),
+        "prefix map": sum(map(sys.getsizeof, maps)) + sum(map(sys.getsizeof, waiting)),
+    }
+    parts["other"] = total - sum(parts.values())
+    return parts
 
 
 def _aged(pool: Any, n: int, bs: int, algorithm: str) -> Any:
