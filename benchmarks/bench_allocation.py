@@ -261,7 +261,7 @@ def bench_memory(args: argparse.Namespace, vllm: Any | None) -> None:
         del pool
         label = f"vLLM {vllm.version}, sha256 hashes"
         print(f"  {label:<28}{secs:>9.3f}{fresh / n:>15.1f}{aged / n:>14.1f}")
-    print("  kvcore by component, B/block fresh / aged (sys.getsizeof of what the pool holds):")
+    print("  by component, B/block fresh / aged (sys.getsizeof of what each kvcore pool holds):")
     labels = list(parts)
     print(f"  {'component':<28}" + "".join(f"{label:>28}" for label in labels))
     for component in parts[labels[0]][0]:
