@@ -47,6 +47,7 @@ from _common import (
 from _replay import CATEGORIES, Case, Recording, Replay, record_ops, replay_kvcore, replay_vllm
 
 import kvcore
+from kvcore._free_queue import LRUFreeQueue
 from kvcore._trace import read_mooncake_trace
 from kvcore_plugins.full_attention import FullAttentionSpec
 
@@ -279,8 +280,8 @@ def pool_components(pool: Any, total: int) -> dict[str, int]:
     by the interpreter): counted once, wherever the queue or the map holds
     them. ``other`` is ``total`` (tracemalloc) minus the parts.
     """
-    queue = pool._lru
-    links = [queue._next, queue._prev] if queue is not None else []
+    queue = pool.policy
+    links = [queue._next, queue._prev] if isinstance(queue, LRUFreeQueue) else []
     maps = [*pool._cached, *pool._dups]
     hashes = {id(h): h for h in pool._hash if h is not None}
     ids: dict[int, int] = {}
