@@ -20,11 +20,13 @@ manager can undo a whole operation a plugin manager failed half-way through
 
 Which free block is handed out next is not decided here: the pool owns an
 eviction policy (:mod:`kvcore.eviction`) and asks it, and only it, for
-victims. The built-in LRU queue runs on the pool's own fast path; any other
-policy is driven through the protocol by a
+victims. The built-in policies (the LRU queue and the credit-queue policies)
+run on the pool's own fast path: they offer fused operations (a freed table
+released, an adopted hit revived, in one pass each). Any other policy is
+driven through the protocol by a
 :class:`~kvcore._eviction.driver.PolicyDriver`, which also counts the free
-blocks and makes the policy's changes undoable. A test drives the LRU queue
-through both paths and checks they hand out the same blocks.
+blocks and makes the policy's changes undoable. Tests drive each built-in
+policy through both paths and check they hand out the same blocks.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""How the block pool drives an eviction policy other than its built-in LRU queue.
+"""How the block pool drives an eviction policy other than its built-in ones.
 
 The pool talks to its free blocks through four calls (``pop_n``, ``push``,
-``remove_blocks``, iteration) and reads ``num_free``; the built-in
-:class:`~kvcore._free_queue.LRUFreeQueue` answers them itself, on the pool's
-fast path. Any other policy sits behind a :class:`PolicyDriver`, which turns
-them into protocol calls, counts the free blocks (so capacity checks never
+``remove_blocks``, iteration) and reads ``num_free``; the built-in policies
+(:class:`~kvcore._free_queue.LRUFreeQueue` and the credit-queue
+:class:`~kvcore._eviction.policies.ValuePolicy`) answer them themselves, on
+the pool's fast path. Any other policy sits behind a :class:`PolicyDriver`,
+which turns them into protocol calls, counts the free blocks (so capacity checks never
 depend on a policy) and makes them undoable.
 
 Undo: while the pool runs a transaction, the driver holds its undo log. A
