@@ -368,6 +368,23 @@ def test_the_documented_example_policy_keeps_every_invariant(registry):
 # -- the LRU fast path and the protocol path agree ----------------------------------------
 
 
+def _managers_on(specs: list[object], evictions: Sequence[object]) -> list[kvcore.KVCacheManager]:
+    """One manager per eviction policy (name or factory), same config, events on."""
+    registry = kvcore.load_registry(environ={})
+    config = kvcore.KVCacheConfig.from_specs(70, specs)
+    return [
+        kvcore.KVCacheManager(
+            config,
+            512,
+            registry=registry,
+            hash_algorithm="fast",
+            enable_kv_cache_events=True,
+            eviction=eviction,  # type: ignore[arg-type]
+        )
+        for eviction in evictions
+    ]
+
+
 class LRUThroughTheProtocol(LRUFreeQueue):
     """The built-in queue, but not of its exact type: the pool drives it by the protocol."""
 
@@ -385,19 +402,7 @@ def test_the_lru_fast_path_and_the_protocol_path_choose_the_same_blocks(name):
     the block ids handed out, the hit lengths, the events and the free order
     must be identical at every checkpoint.
     """
-    registry = kvcore.load_registry(environ={})
-    config = kvcore.KVCacheConfig.from_specs(70, HYBRIDS[name])
-    managers = [
-        kvcore.KVCacheManager(
-            config,
-            512,
-            registry=registry,
-            hash_algorithm="fast",
-            enable_kv_cache_events=True,
-            eviction=eviction,
-        )
-        for eviction in ("lru", lru_through_the_protocol)
-    ]
+    managers = _managers_on(HYBRIDS[name], ("lru", lru_through_the_protocol))
     fast, generic = (manager.block_pool for manager in managers)
     assert fast._lru is fast.policy
     assert generic._lru is None
@@ -481,19 +486,7 @@ def test_the_fused_policy_paths_and_the_protocol_path_choose_the_same_blocks(
     The same random traffic must give the same block ids, hit lengths,
     events and free order at every checkpoint.
     """
-    registry = kvcore.load_registry(environ={})
-    config = kvcore.KVCacheConfig.from_specs(70, HYBRIDS[name])
-    managers = [
-        kvcore.KVCacheManager(
-            config,
-            512,
-            registry=registry,
-            hash_algorithm="fast",
-            enable_kv_cache_events=True,
-            eviction=eviction,
-        )
-        for eviction in (policy, _through_the_protocol(**options))
-    ]
+    managers = _managers_on(HYBRIDS[name], (policy, _through_the_protocol(**options)))
     fused, generic = (manager.block_pool for manager in managers)
     assert fused._lru is fused.policy
     assert type(fused.policy) is ValuePolicy
