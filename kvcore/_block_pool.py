@@ -22,7 +22,7 @@ Which free block is handed out next is not decided here: the pool owns an
 eviction policy (:mod:`kvcore.eviction`) and asks it, and only it, for
 victims. The built-in policies (the LRU queue and the credit-queue policies)
 run on the pool's own fast path: they offer fused operations (a freed table
-released, an adopted hit revived, in one pass each). Any other policy is
+released, an adopted hit revived, in one call each). Any other policy is
 driven through the protocol by a
 :class:`~kvcore._eviction.driver.PolicyDriver`, which also counts the free
 blocks and makes the policy's changes undoable. Tests drive each built-in

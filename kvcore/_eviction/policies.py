@@ -230,7 +230,7 @@ class ValuePolicy:
                 if start < index:
                     self._queues.push_all(blocks[start:index], classes[start:index])
                 block = blocks[index]
-                self._release_linked(block, flags[block], hits[block], depth_level)
+                self._release_linked(block, depth_level)
                 start = index + 1
         if start < len(blocks):
             self._queues.push_all(blocks[start:], classes[start:])
@@ -241,21 +241,26 @@ class ValuePolicy:
         :data:`PLACE` marks the blocks :meth:`_release_linked` places.
         """
         table = bytearray(256 << 5)
-        last_hit_level = self._hit_levels - 1
         for count in range(256):
-            level = count if count < last_hit_level else last_hit_level
             for flag in range(1 << 5):
                 if flag == _CACHED:
-                    # Depth credit only once a hit has shown the prefix is
-                    # reused: most blocks never are, and their compute is
-                    # saved only if they are.
-                    klass = 1 + level * self._depth_levels + (depth_level if count else 0)
+                    klass = self._valued_class(count, depth_level)
                 elif not flag & _CACHED or (flag & _SUFFIX and not flag & _ADMITTED and not count):
                     klass = WORTHLESS
                 else:
                     klass = PLACE
                 table[count << 5 | flag] = klass
         return table
+
+    def _valued_class(self, count: int, depth_level: int) -> int:
+        """The class of a valued block hit ``count`` times, freed in a chain of ``depth_level``.
+
+        Depth credit only once a hit has shown the prefix is reused: most
+        blocks never are, and their compute is saved only if they are.
+        """
+        last_hit_level = self._hit_levels - 1
+        level = count if count < last_hit_level else last_hit_level
+        return 1 + level * self._depth_levels + (depth_level if count else 0)
 
     def _linked_class(self, block: int) -> int:
         """The class to queue marked ``block`` in at its turn, or :data:`PLACE`.
@@ -265,39 +270,24 @@ class ValuePolicy:
         :meth:`_place` must queue it. Looks, changes nothing.
         """
         flag = self._flags[block]
-        count = self._hits[block]
-        last_hit_level = self._hit_levels - 1
-        level = count if count < last_hit_level else last_hit_level
-        klass = 1 + level * self._depth_levels + (self._depth_level if count else 0)
+        klass = self._valued_class(self._hits[block], self._depth_level)
         if not self.follow:
             return klass
-        view = self._view
-        assert view is not None
         if flag & _SUFFIX:
-            block_hash = self._admitted_hash.get(block)
-            if block_hash is None:
-                block_hash = view.block_hash(block)
-            groups = self._prefix_groups
+            partners = self._free_partners(block, self._prefix_groups)
         elif flag & _PARTNER:
-            block_hash = view.block_hash(block)
-            groups = self._suffix_groups
+            partners = self._free_partners(block, self._suffix_groups)
         else:
             return klass
-        class_of = self._queues.class_of
-        for group in groups:
-            partner = view.cached_block(block_hash, group)
-            if partner is not None and class_of(partner) not in (WORTHLESS, NOT_FREE):
-                return PLACE
-        return klass
+        return PLACE if next(partners, None) is not None else klass
 
-    def _release_linked(self, block: int, flag: int, count: int, depth_level: int) -> None:
+    def _release_linked(self, block: int, depth_level: int) -> None:
         """Queue a valued block whose place may follow the other blocks at its position."""
+        flag = self._flags[block]
         follow = self.follow
         if follow and flag & _SUFFIX and self._join_prefix(block):
             return
-        last_hit_level = self._hit_levels - 1
-        level = count if count < last_hit_level else last_hit_level
-        klass = 1 + level * self._depth_levels + (depth_level if count else 0)
+        klass = self._valued_class(self._hits[block], depth_level)
         self._queues.push(block, klass)
         if follow and flag & _PARTNER:
             self._follow(block, klass)
@@ -459,20 +449,13 @@ class ValuePolicy:
         revived = [block for block in blocks if not ref[block]]
         if revived:
             self.remove_blocks(revived)
-        hits = self._hits
-        flags = self._flags
-        follow = self.follow
         for block in blocks:
             ref[block] += 1
-            # The hit counted as hit() does (the null block is not counted).
-            if block and hits[block] < 255:
-                hits[block] += 1
-                if follow and flags[block] & (_SUFFIX | _LISTED) == _SUFFIX:
-                    self._list(block, self._view.block_hash(block))  # type: ignore[union-attr]
+        self.hit(blocks)
 
     def _place(self, block: int) -> None:
         """:meth:`_release_linked` for :meth:`release_table` (the chain depth noted there)."""
-        self._release_linked(block, self._flags[block], self._hits[block], self._depth_level)
+        self._release_linked(block, self._depth_level)
 
     def _undo_take(self, blocks: list[int]) -> None:
         self.release(blocks)
@@ -617,38 +600,44 @@ class ValuePolicy:
         else:
             del hashes[block_hash]
 
+    def _free_partners(self, block: int, groups: Sequence[int]) -> Iterator[int]:
+        """The valued free blocks of ``groups`` cached under ``block``'s hash, by group.
+
+        Hashes are chained and taken at token boundaries, so in groups of the
+        same block size these blocks end at the same token as ``block``. A
+        listed suffix block's hash is the policy's own record; any other's
+        comes from the pool. Lazy: stop early when one is enough.
+        """
+        view = self._view
+        assert view is not None
+        block_hash = self._admitted_hash.get(block)
+        if block_hash is None:
+            block_hash = view.block_hash(block)
+        class_of = self._queues.class_of
+        for group in groups:
+            partner = view.cached_block(block_hash, group)
+            if partner is not None and class_of(partner) not in (WORTHLESS, NOT_FREE):
+                yield partner
+
     def _join_prefix(self, block: int) -> bool:
         """Queue kept suffix ``block`` behind the free prefix block ending at the same token.
 
         For a suffix group freed after its prefix group (the order the
         managers are called in). Returns whether such a prefix block was free.
         """
-        view = self._view
-        queues = self._queues
-        block_hash = view.block_hash(block)  # type: ignore[union-attr]
-        for group in self._prefix_groups:
-            partner = view.cached_block(block_hash, group)  # type: ignore[union-attr]
-            if partner is not None:
-                klass = queues.class_of(partner)
-                if klass != WORTHLESS and klass != NOT_FREE:
-                    queues.push_after(block, partner)
-                    return True
-        return False
+        partner = next(self._free_partners(block, self._prefix_groups), None)
+        if partner is None:
+            return False
+        self._queues.push_after(block, partner)
+        return True
 
     def _follow(self, block: int, klass: int) -> None:
         """Requeue the admitted suffix blocks ending where prefix ``block`` ends, behind it.
 
         They join the prefix block's class: same deadline, next in line.
         """
-        view = self._view
-        queues = self._queues
-        block_hash = view.block_hash(block)  # type: ignore[union-attr]
-        for group in self._suffix_groups:
-            partner = view.cached_block(block_hash, group)  # type: ignore[union-attr]
-            if partner is not None:
-                current = queues.class_of(partner)
-                if current != WORTHLESS and current != NOT_FREE:
-                    queues.move(partner, klass)
+        for partner in list(self._free_partners(block, self._suffix_groups)):
+            self._queues.move(partner, klass)
 
 
 def admit_policy(info: PoolInfo) -> ValuePolicy:
