@@ -330,6 +330,13 @@ class BlockPool:
         msg = f"block {block!r} is not a block of this pool (ids 0..{self.num_blocks - 1})"
         return InvalidBlockError(msg)
 
+    def _refuse_group(self, group: object) -> InvalidBlockError:
+        msg = (
+            f"kv_cache_group_id {group!r} is not a group of this pool "
+            f"(ids 0..{len(self._cached) - 1})"
+        )
+        return InvalidBlockError(msg)
+
     def _check_blocks(self, blocks: Sequence[int]) -> None:
         """Every entry is a block id of this pool (the null block included); O(len).
 
@@ -468,8 +475,7 @@ class BlockPool:
         if num_cached_blocks >= num_full_blocks:
             return
         if not 0 <= kv_cache_group_id < len(self._cached):
-            msg = f"kv_cache_group_id {kv_cache_group_id!r} is not a group of this pool"
-            raise InvalidBlockError(msg)
+            raise self._refuse_group(kv_cache_group_id)
         if num_cached_blocks < 0 or num_full_blocks > len(blocks):
             msg = (
                 f"blocks {num_cached_blocks}..{num_full_blocks - 1} are not all in the "
@@ -1034,20 +1040,48 @@ class BlockPool:
         return self._hash[block]
 
     def block_group(self, block: int) -> int:
-        """The KV cache group ``block`` was last cached in (0 if it never was)."""
+        """The KV cache group ``block`` was last cached in (0 if it never was).
+
+        Raises:
+            InvalidBlockError: ``block`` is not a block id of this pool.
+        """
+        if block.__class__ is not int or not 0 <= block < self.num_blocks:
+            raise self._refuse_block(block)
         return self._group[block]
 
+    def _group_map(self, group: int) -> dict[Hashable, int]:
+        """The prefix-cache map of ``group``.
+
+        Raises:
+            InvalidBlockError: ``group`` is not a group id of this pool.
+        """
+        if group.__class__ is not int or not 0 <= group < len(self._cached):
+            raise self._refuse_group(group)
+        return self._cached[group]
+
     def is_cached(self, block_hash: Hashable, group: int) -> bool:
-        """Whether some block of ``group`` is cached under ``block_hash``."""
-        return block_hash in self._cached[group]
+        """Whether some block of ``group`` is cached under ``block_hash``.
+
+        Raises:
+            InvalidBlockError: ``group`` is not a group id of this pool.
+        """
+        return block_hash in self._group_map(group)
 
     def cached_block(self, block_hash: Hashable, group: int) -> int | None:
-        """The block of ``group`` a lookup of ``block_hash`` finds, or ``None``."""
-        return self._cached[group].get(block_hash)
+        """The block of ``group`` a lookup of ``block_hash`` finds, or ``None``.
+
+        Raises:
+            InvalidBlockError: ``group`` is not a group id of this pool.
+        """
+        return self._group_map(group).get(block_hash)
 
     def cached_blocks(self, block_hash: Hashable, group: int) -> list[int]:
-        """Every block of ``group`` cached under ``block_hash``, the one a lookup finds first."""
-        first = self._cached[group].get(block_hash)
+        """Every block of ``group`` cached under ``block_hash``, the one a lookup finds first.
+
+        Raises:
+            InvalidBlockError: ``group`` is not a group id of this pool.
+        """
+        first = self._group_map(group).get(block_hash)
         if first is None:
             return []
         return [first, *self._dups[group].get(block_hash, ())]

@@ -236,6 +236,14 @@ def pool_state(pool: BlockPool) -> tuple[object, ...]:
         (lambda p: p.reserve_blocks(-2), r"num_blocks must be an integer >= 0, got -2"),
         (lambda p: p.ref_count(-1), r"block -1 is not a block of this pool"),
         (lambda p: p.block_hash(10), r"block 10 is not a block of this pool"),
+        (lambda p: p.block_group(10), r"block 10 is not a block of this pool \(ids 0\.\.9\)"),
+        (lambda p: p.block_group(2.0), r"block 2\.0 is not a block of this pool"),
+        (lambda p: p.is_cached(b"h", 1), r"kv_cache_group_id 1 is not a group of this pool"),
+        (lambda p: p.cached_block(b"h", -1), r"kv_cache_group_id -1 is not a group"),
+        (
+            lambda p: p.cached_blocks(b"h", 0.0),
+            r"kv_cache_group_id 0\.0 is not a group of this pool \(ids 0\.\.0\)",
+        ),
     ],
 )
 def test_bad_block_ids_and_counts_are_refused_and_change_nothing(call, match):
@@ -368,3 +376,21 @@ def test_commit_keeps_the_changes_and_stops_recording():
     pool.rollback()  # nothing recorded: nothing undone
     assert [pool.ref_count(b) for b in blocks] == [1, 1]
     assert pool.get_num_free_blocks() == 5
+
+
+def test_cached_blocks_lists_duplicates_first_found_first():
+    """Two requests that computed the same block both cache it; the later one waits."""
+    pool = BlockPool(6)
+    first, second = (cached_request(list(range(4)), 4) for _ in range(2))
+    [a] = pool.get_new_blocks(1)
+    [b] = pool.get_new_blocks(1)
+    pool.cache_full_blocks(first, [a], 0, 1, 4, 0)
+    pool.cache_full_blocks(second, [b], 0, 1, 4, 0)
+    block_hash = first.block_hashes[0]
+    assert pool.cached_block(block_hash, 0) == a
+    assert pool.cached_blocks(block_hash, 0) == [a, b]
+    assert pool.cached_blocks(b"no such hash", 0) == []
+    # Evicting the first promotes the duplicate.
+    pool.evict_blocks([a])
+    assert pool.cached_blocks(block_hash, 0) == [b]
+    pool.check_invariants()
