@@ -141,7 +141,7 @@ class InvalidCacheHitError(InvalidRequestError):
 
 
 class InvalidBlockError(KVCoreError, ValueError):
-    """A block id or block count given to the block pool is not valid for it."""
+    """A block id, group id or block count given to the block pool is not valid for it."""
 
 
 class DoubleFreeError(KVCoreError, RuntimeError):
