@@ -543,10 +543,19 @@ class BlockPool:
                     group_of[block] = kv_cache_group_id
                     if cached_first(block_hash, block) != block:
                         dups.setdefault(block_hash, []).append(block)
-        if self._told is not None:
-            self._tell_cached(
-                request, blocks, num_cached_blocks, num_full_blocks, hashes, kv_cache_group_id
+        told = self._told
+        if told is not None:
+            # A protocol-driven policy learns what was cached (undone by ``forget``).
+            told.cached(
+                kv_cache_group_id,
+                blocks,
+                num_cached_blocks,
+                num_full_blocks,
+                hashes,
+                request.num_prompt_tokens,
             )
+            if self._log is not None:
+                self._log.append((told.forget, ([block for block in new_blocks if block],)))
         if self.enable_kv_cache_events:
             stored = list(compress(new_hashes, new_blocks))
             kinds = self._group_kinds
@@ -564,23 +573,6 @@ class BlockPool:
                     kind=kinds[kv_cache_group_id] if kinds is not None else None,
                 )
             )
-
-    def _tell_cached(
-        self,
-        request: Request,
-        blocks: Sequence[int],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        hashes: Sequence[Hashable],
-        group: int,
-    ) -> None:
-        """Tell a protocol-driven policy what was cached (undone by ``forget``)."""
-        self.policy.cached(
-            group, blocks, num_cached_blocks, num_full_blocks, hashes, request.num_prompt_tokens
-        )
-        if self._log is not None:
-            new = [block for block in blocks[num_cached_blocks:num_full_blocks] if block]
-            self._log.append((self.policy.forget, (new,)))
 
     def _undo_cache(self, blocks: list[int], old_groups: list[int] | None, group: int) -> None:
         # Newest first: a block is the primary entry of its hash unless it

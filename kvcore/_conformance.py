@@ -445,9 +445,7 @@ class _Checker:
                 break
             if groups is None:
                 raise self.fail("torch_views", f"{sorted(layer_specs)} cannot be grouped")
-            per_block = sum(
-                g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups
-            )
+            per_block = sum(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
             config = get_kv_cache_config(groups, 64 * per_block, num_blocks=16)
             buffers = allocate_kv_cache(config)
             spec = config.layer_spec("a")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterator, Sequence
+from itertools import chain
 
 __all__ = ["NOT_FREE", "PLACE", "WORTHLESS", "CreditQueues"]
 
@@ -250,8 +251,49 @@ class CreditQueues:
         # Each class's tail, kept here and linked to its sentinel once at
         # the end (and before ``place`` looks at the queues).
         tails = [prv[sentinel] for sentinel in sentinels]
-        released: list[int] = []
-        for block in reversed(table):
+        remaining = reversed(table)
+        # The common shapes first: a run of blocks only this table holds, all
+        # of one class that needs no placing (a window's blocks once the
+        # prompt is computed: worthless; a request's own decode blocks: the
+        # first valued class). The first block that breaks the run (another
+        # class, a shared block, a null, an error) hands the rest of the
+        # table to the general loop below.
+        last = table[-1]
+        run_class = classes[hits[last] << 5 | flags[last]] if ref[last] == 1 else PLACE
+        rest: Iterator[int] | None = remaining
+        if run_class != PLACE:
+            tail = tails[run_class]
+            rest = None
+            if run_class == WORTHLESS:
+                # No deadline: worthless blocks never compete with valued ones.
+                for block in remaining:
+                    if ref[block] != 1 or classes[hits[block] << 5 | flags[block]]:
+                        rest = chain((block,), remaining)
+                        break
+                    ref[block] = 0
+                    class_of[block] = WORTHLESS
+                    nxt[tail] = block
+                    prv[block] = tail
+                    tail = block
+            else:
+                credit = credits[run_class]
+                for block in remaining:
+                    if ref[block] != 1 or classes[hits[block] << 5 | flags[block]] != run_class:
+                        rest = chain((block,), remaining)
+                        break
+                    ref[block] = 0
+                    clock += 1
+                    deadline[block] = clock + credit
+                    class_of[block] = run_class
+                    nxt[tail] = block
+                    prv[block] = tail
+                    tail = block
+            tails[run_class] = tail
+            # The run is the table's tail, from ``tail`` (a block, unique in it) on.
+            released = list(reversed(table[table.index(tail) :]))
+        else:
+            released = []
+        for block in rest or ():
             count = ref[block] - 1
             ref[block] = count
             if count:

@@ -115,7 +115,9 @@ class ValuePolicy:
         "_admitted_hash",
         "_admitted_hashes",
         "_align",
+        "_block_sizes",
         "_class_tables",
+        "_decode_flags",
         "_depth_level",
         "_depth_levels",
         "_end",
@@ -125,6 +127,7 @@ class ValuePolicy:
         "_hits",
         "_interval",
         "_log",
+        "_pool",
         "_prefix_groups",
         "_queues",
         "_read_memo",
@@ -173,6 +176,12 @@ class ValuePolicy:
         self._interval: int | None = None  # computed on first use (needs the managers)
         self._read_memo: list[dict[int, tuple[tuple[int, int], ...]]] = [{} for _ in info.groups]
         self._view = info.view
+        # The pool itself when it is the view (always, for a policy the pool
+        # builds): the partner lookups on the release path read its maps
+        # directly, since they run for every kept suffix block.
+        from kvcore._block_pool import BlockPool  # here: the pool imports this module
+
+        self._pool = info.view if isinstance(info.view, BlockPool) else None
         self._suffix_groups = tuple(
             g
             for g, group in enumerate(info.groups)
@@ -184,7 +193,18 @@ class ValuePolicy:
             if group.tokens_read is None and group.prefix_cached
         )
         self.admission = admission
-        self.follow = follow and self._view is not None and bool(self._suffix_groups)
+        self._block_sizes = tuple(group.block_size for group in info.groups)
+        self.follow = follow and self._pool is not None and bool(self._suffix_groups)
+        # The flags of a block cached past its prompt, by group; _PARTNER
+        # where it is one if a listed suffix block has its hash.
+        self._decode_flags = bytes(
+            _CACHED | _SUFFIX
+            if admission and g in self._suffix_groups
+            else _CACHED | _PARTNER
+            if self.follow and g in self._prefix_groups
+            else _CACHED
+            for g in range(len(info.groups))
+        )
         # Admitted suffix blocks: block -> hash, and how many hold each hash;
         # a prefix block cached under such a hash is marked _PARTNER, so
         # that only those look for followers when freed.
@@ -269,17 +289,29 @@ class ValuePolicy:
         prefix block to join, free suffix blocks to bring behind it): then
         :meth:`_place` must queue it. Looks, changes nothing.
         """
-        flag = self._flags[block]
-        klass = self._valued_class(self._hits[block], self._depth_level)
+        # The class of a valued block hit as often, from the table of the
+        # chain being released (release_table built it).
+        klass = self._class_tables[self._depth_level][self._hits[block] << 5 | _CACHED]  # type: ignore[index]
         if not self.follow:
             return klass
+        flag = self._flags[block]
         if flag & _SUFFIX:
-            partners = self._free_partners(block, self._prefix_groups)
+            groups = self._prefix_groups
         elif flag & _PARTNER:
-            partners = self._free_partners(block, self._suffix_groups)
+            groups = self._suffix_groups
         else:
             return klass
-        return PLACE if next(partners, None) is not None else klass
+        # _free_partners inlined: this runs for every kept suffix block freed.
+        pool = self._pool
+        assert pool is not None  # follow needs it
+        block_hash = pool._hash[block]
+        maps = pool._cached
+        class_of = self._queues._class
+        for group in groups:
+            partner = maps[group].get(block_hash)
+            if partner is not None and WORTHLESS < class_of[partner] < NOT_FREE:
+                return PLACE
+        return klass
 
     def _release_linked(self, block: int, depth_level: int) -> None:
         """Queue a valued block whose place may follow the other blocks at its position."""
@@ -306,7 +338,7 @@ class ValuePolicy:
                 hits[block] += 1
                 # A suffix block read by a hit is valued from now on.
                 if follow and flags[block] & (_SUFFIX | _LISTED) == _SUFFIX:
-                    self._list(block, self._view.block_hash(block))  # type: ignore[union-attr]
+                    self._list(block, self._pool._hash[block])  # type: ignore[union-attr]
 
     def forget(self, blocks: Sequence[int] | None) -> None:
         """Blocks without a hash are worthless; free ones move to the front."""
@@ -340,12 +372,21 @@ class ValuePolicy:
         its count), so only its flags (and, for the cost policy, the token
         its chain ends at) are written here.
         """
-        size = self._groups[group].block_size
+        size = self._block_sizes[group]
         flags = self._flags
         if self._depth_levels > 1:
             end = self._end
             for index in range(start, stop):
                 end[blocks[index]] = (index + 1) * size
+        if stop - start == 1 and start * size >= num_prompt_tokens:
+            # One block past the prompt (a decode step's): never admitted.
+            block = blocks[start]
+            if block:
+                flag = self._decode_flags[group]
+                if flag & _PARTNER and block_hashes[start] not in self._admitted_hashes:
+                    flag = _CACHED
+                flags[block] = flag
+            return
         if not (self.admission and group in self._suffix_groups):
             for block in blocks[start:stop]:
                 flags[block] = _CACHED
@@ -420,6 +461,8 @@ class ValuePolicy:
             ``None``, or the first block of ``table`` whose count was already
             0 (a double free): then nothing changed.
         """
+        if len(table) == 1:
+            return self._release_one(ref, table[0])
         if 0 in map(ref.__getitem__, table):
             return next(block for block in table if not ref[block])
         flags = self._flags
@@ -437,6 +480,31 @@ class ValuePolicy:
         self.num_free += len(released)
         if self._log is not None:
             self._log.append((self._undo_release, (released,)))
+        return None
+
+    def _release_one(self, ref: list[int], block: int) -> int | None:
+        """:meth:`release_table` of a one-block table (a window moving on by a block)."""
+        count = ref[block]
+        if not count:
+            return block
+        ref[block] = count - 1
+        if count > 1:
+            return None
+        depth_level = self._chain_depth_level((block,)) if self._depth_levels > 1 else 0
+        classes = self._class_tables[depth_level]
+        if classes is None:
+            classes = self._class_tables[depth_level] = self._class_table(depth_level)
+        klass = classes[self._hits[block] << 5 | self._flags[block]]
+        if klass == PLACE:
+            self._depth_level = depth_level
+            klass = self._linked_class(block)
+            if klass == PLACE:
+                self._release_linked(block, depth_level)
+        if klass != PLACE:
+            self._queues.push(block, klass)
+        self.num_free += 1
+        if self._log is not None:
+            self._log.append((self._undo_release, ((block,),)))
         return None
 
     def revive_table(self, ref: list[int], blocks: Sequence[int]) -> None:
@@ -608,15 +676,14 @@ class ValuePolicy:
         listed suffix block's hash is the policy's own record; any other's
         comes from the pool. Lazy: stop early when one is enough.
         """
-        view = self._view
-        assert view is not None
-        block_hash = self._admitted_hash.get(block)
-        if block_hash is None:
-            block_hash = view.block_hash(block)
-        class_of = self._queues.class_of
+        pool = self._pool
+        assert pool is not None  # follow needs it
+        block_hash = pool._hash[block]
+        maps = pool._cached
+        class_of = self._queues._class
         for group in groups:
-            partner = view.cached_block(block_hash, group)
-            if partner is not None and class_of(partner) not in (WORTHLESS, NOT_FREE):
+            partner = maps[group].get(block_hash)
+            if partner is not None and WORTHLESS < class_of[partner] < NOT_FREE:
                 yield partner
 
     def _join_prefix(self, block: int) -> bool:
