@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from itertools import chain
 
 __all__ = ["NOT_FREE", "PLACE", "WORTHLESS", "CreditQueues"]
 
@@ -251,52 +250,14 @@ class CreditQueues:
         # Each class's tail, kept here and linked to its sentinel once at
         # the end (and before ``place`` looks at the queues).
         tails = [prv[sentinel] for sentinel in sentinels]
+        released: list[int] = []
         remaining = reversed(table)
-        # The common shapes first: a run of blocks only this table holds, all
-        # of one class that needs no placing (a window's blocks once the
-        # prompt is computed: worthless; a request's own decode blocks: the
-        # first valued class). The first block that breaks the run (another
-        # class, a shared block, a null, an error) hands the rest of the
-        # table to the general loop below.
-        last = table[-1]
-        run_class = classes[hits[last] << 5 | flags[last]] if ref[last] == 1 else PLACE
-        rest: Iterator[int] | None = remaining
-        if run_class != PLACE:
-            tail = tails[run_class]
-            rest = None
-            if run_class == WORTHLESS:
-                # No deadline: worthless blocks never compete with valued ones.
-                for block in remaining:
-                    if ref[block] != 1 or classes[hits[block] << 5 | flags[block]]:
-                        rest = chain((block,), remaining)
-                        break
-                    ref[block] = 0
-                    class_of[block] = WORTHLESS
-                    nxt[tail] = block
-                    prv[block] = tail
-                    tail = block
-            else:
-                credit = credits[run_class]
-                for block in remaining:
-                    if ref[block] != 1 or classes[hits[block] << 5 | flags[block]] != run_class:
-                        rest = chain((block,), remaining)
-                        break
-                    ref[block] = 0
-                    clock += 1
-                    deadline[block] = clock + credit
-                    class_of[block] = run_class
-                    nxt[tail] = block
-                    prv[block] = tail
-                    tail = block
-            tails[run_class] = tail
-            # The run is the table's tail, from ``tail`` (a block, unique in it) on.
-            released = list(reversed(table[table.index(tail) :]))
-        else:
-            released = []
-        for block in rest or ():
+        block: int | None = next(remaining)
+        while block is not None:
             count = ref[block] - 1
             ref[block] = count
             if count:
+                block = next(remaining, None)
                 continue
             released.append(block)
             klass = classes[hits[block] << 5 | flags[block]]
@@ -310,15 +271,50 @@ class CreditQueues:
                 place(block)
                 clock = self._clock
                 tails = [prv[sentinel] for sentinel in sentinels]
+                block = next(remaining, None)
                 continue
-            if klass:
-                clock += 1
-            deadline[block] = clock + credits[klass]
-            class_of[block] = klass
+            # Queue ``block``, then the run of blocks after it that only this
+            # table holds and that go to the same class without placing (the
+            # common shapes: a window's blocks once the prompt is computed,
+            # all worthless; a request's own decode blocks, all in the first
+            # valued class), with no per-block dispatch. The block that ends
+            # the run goes round the outer loop.
             tail = tails[klass]
             nxt[tail] = block
             prv[block] = tail
-            tails[klass] = block
+            class_of[block] = klass
+            tail = block
+            if klass == WORTHLESS:
+                # No deadline: worthless blocks never compete with valued ones.
+                for block in remaining:
+                    if ref[block] != 1 or classes[hits[block] << 5 | flags[block]]:
+                        break
+                    ref[block] = 0
+                    released.append(block)
+                    class_of[block] = WORTHLESS
+                    nxt[tail] = block
+                    prv[block] = tail
+                    tail = block
+                else:
+                    block = None
+            else:
+                credit = credits[klass]
+                clock += 1
+                deadline[block] = clock + credit
+                for block in remaining:
+                    if ref[block] != 1 or classes[hits[block] << 5 | flags[block]] != klass:
+                        break
+                    ref[block] = 0
+                    released.append(block)
+                    clock += 1
+                    deadline[block] = clock + credit
+                    class_of[block] = klass
+                    nxt[tail] = block
+                    prv[block] = tail
+                    tail = block
+                else:
+                    block = None
+            tails[klass] = tail
         for sentinel, tail in zip(sentinels, tails, strict=True):
             nxt[tail] = sentinel
             prv[sentinel] = tail
