@@ -221,17 +221,15 @@ class CreditQueues:
         classes: bytes | bytearray,
         flags: bytes | bytearray,
         hits: bytes | bytearray,
-        classify: Callable[[int], int],
         place: Callable[[int], None],
     ) -> list[int]:
         """Drop one count in ``ref`` per block of ``table``, last first; queue the blocks at 0.
 
         A block reaching 0 goes to the tail of class ``classes[hits[b] << 5 |
-        flags[b]]``, in that turn. Where that entry is :data:`PLACE`, the
-        class is ``classify(block)`` (which only looks) and, if that is
-        :data:`PLACE` too, ``place(block)`` queues it (it may call
-        :meth:`push`, :meth:`push_after` and :meth:`move`). One pass: the
-        fused form of a policy's release of a freed block table.
+        flags[b]]``, in that turn. Where that entry is :data:`PLACE`,
+        ``place(block)`` queues it (with :meth:`push`, :meth:`push_after`
+        and :meth:`move`). One pass: the fused form of a policy's release of
+        a freed block table.
 
         The caller guarantees that no count in ``ref`` for ``table`` is 0 (no
         double free), no block appears twice and the null block's count is
@@ -247,9 +245,6 @@ class CreditQueues:
         sentinels = self._sentinels
         nxt = self._next
         prv = self._prev
-        # Each class's tail, kept here and linked to its sentinel once at
-        # the end (and before ``place`` looks at the queues).
-        tails = [prv[sentinel] for sentinel in sentinels]
         released: list[int] = []
         remaining = reversed(table)
         block: int | None = next(remaining)
@@ -262,24 +257,20 @@ class CreditQueues:
             released.append(block)
             klass = classes[hits[block] << 5 | flags[block]]
             if klass == PLACE:
-                klass = classify(block)
-            if klass == PLACE:
                 self._clock = clock
-                for sentinel, tail in zip(sentinels, tails, strict=True):
-                    nxt[tail] = sentinel
-                    prv[sentinel] = tail
                 place(block)
                 clock = self._clock
-                tails = [prv[sentinel] for sentinel in sentinels]
                 block = next(remaining, None)
                 continue
             # Queue ``block``, then the run of blocks after it that only this
             # table holds and that go to the same class without placing (the
             # common shapes: a window's blocks once the prompt is computed,
             # all worthless; a request's own decode blocks, all in the first
-            # valued class), with no per-block dispatch. The block that ends
-            # the run goes round the outer loop.
-            tail = tails[klass]
+            # valued class), with no per-block dispatch. The run is closed
+            # (its last block linked to the sentinel) before anything else
+            # looks at the queues; the block that ends it goes round again.
+            sentinel = sentinels[klass]
+            tail = prv[sentinel]
             nxt[tail] = block
             prv[block] = tail
             class_of[block] = klass
@@ -314,8 +305,6 @@ class CreditQueues:
                     tail = block
                 else:
                     block = None
-            tails[klass] = tail
-        for sentinel, tail in zip(sentinels, tails, strict=True):
             nxt[tail] = sentinel
             prv[sentinel] = tail
         self._clock = clock

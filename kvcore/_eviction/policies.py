@@ -282,47 +282,41 @@ class ValuePolicy:
         level = count if count < last_hit_level else last_hit_level
         return 1 + level * self._depth_levels + (depth_level if count else 0)
 
-    def _linked_class(self, block: int) -> int:
-        """The class to queue marked ``block`` in at its turn, or :data:`PLACE`.
+    def _release_linked(self, block: int, depth_level: int) -> None:
+        """Queue a valued block whose place may follow the other blocks at its position.
 
-        :data:`PLACE` when queueing it involves other free blocks (a free
-        prefix block to join, free suffix blocks to bring behind it): then
-        :meth:`_place` must queue it. Looks, changes nothing.
+        A kept suffix block whose prefix block (same hash, a prefix group) is
+        free joins it: right behind it, same deadline. Otherwise the block
+        goes to the tail of its class, and if it is a prefix block, the free
+        kept suffix blocks at its position move right behind it. Hashes are
+        chained and taken at token boundaries, so in groups of one block size
+        the blocks under one hash end at the same token.
         """
-        # The class of a valued block hit as often, from the table of the
-        # chain being released (release_table built it).
-        klass = self._class_tables[self._depth_level][self._hits[block] << 5 | _CACHED]  # type: ignore[index]
-        if not self.follow:
-            return klass
+        queues = self._queues
+        klass = self._class_tables[depth_level][self._hits[block] << 5 | _CACHED]  # type: ignore[index]
         flag = self._flags[block]
-        if flag & _SUFFIX:
-            groups = self._prefix_groups
-        elif flag & _PARTNER:
-            groups = self._suffix_groups
-        else:
-            return klass
-        # _free_partners inlined: this runs for every kept suffix block freed.
+        if not (self.follow and flag & (_SUFFIX | _PARTNER)):
+            queues.push(block, klass)
+            return
+        # Partner lookups straight in the pool's maps: this runs for every
+        # kept suffix block and every prefix block they may follow.
         pool = self._pool
         assert pool is not None  # follow needs it
         block_hash = pool._hash[block]
         maps = pool._cached
-        class_of = self._queues._class
-        for group in groups:
-            partner = maps[group].get(block_hash)
-            if partner is not None and WORTHLESS < class_of[partner] < NOT_FREE:
-                return PLACE
-        return klass
-
-    def _release_linked(self, block: int, depth_level: int) -> None:
-        """Queue a valued block whose place may follow the other blocks at its position."""
-        flag = self._flags[block]
-        follow = self.follow
-        if follow and flag & _SUFFIX and self._join_prefix(block):
-            return
-        klass = self._valued_class(self._hits[block], depth_level)
-        self._queues.push(block, klass)
-        if follow and flag & _PARTNER:
-            self._follow(block, klass)
+        class_of = queues._class
+        if flag & _SUFFIX:
+            for group in self._prefix_groups:
+                partner = maps[group].get(block_hash)
+                if partner is not None and WORTHLESS < class_of[partner] < NOT_FREE:
+                    queues.push_after(block, partner)
+                    return
+        queues.push(block, klass)
+        if flag & _PARTNER:
+            for group in self._suffix_groups:
+                partner = maps[group].get(block_hash)
+                if partner is not None and WORTHLESS < class_of[partner] < NOT_FREE:
+                    queues.move(partner, klass)
 
     def revive(self, block: int) -> None:
         """A hit took a free block back."""
@@ -475,7 +469,7 @@ class ValuePolicy:
             classes = self._class_tables[depth_level] = self._class_table(depth_level)
         self._depth_level = depth_level
         released = self._queues.release_table(
-            ref, table, classes, flags, hits, self._linked_class, self._place
+            ref, table, classes, flags, hits, self._place
         )
         self.num_free += len(released)
         if self._log is not None:
@@ -496,11 +490,8 @@ class ValuePolicy:
             classes = self._class_tables[depth_level] = self._class_table(depth_level)
         klass = classes[self._hits[block] << 5 | self._flags[block]]
         if klass == PLACE:
-            self._depth_level = depth_level
-            klass = self._linked_class(block)
-            if klass == PLACE:
-                self._release_linked(block, depth_level)
-        if klass != PLACE:
+            self._release_linked(block, depth_level)
+        else:
             self._queues.push(block, klass)
         self.num_free += 1
         if self._log is not None:
@@ -667,44 +658,6 @@ class ValuePolicy:
             hashes[block_hash] = left
         else:
             del hashes[block_hash]
-
-    def _free_partners(self, block: int, groups: Sequence[int]) -> Iterator[int]:
-        """The valued free blocks of ``groups`` cached under ``block``'s hash, by group.
-
-        Hashes are chained and taken at token boundaries, so in groups of the
-        same block size these blocks end at the same token as ``block``. A
-        listed suffix block's hash is the policy's own record; any other's
-        comes from the pool. Lazy: stop early when one is enough.
-        """
-        pool = self._pool
-        assert pool is not None  # follow needs it
-        block_hash = pool._hash[block]
-        maps = pool._cached
-        class_of = self._queues._class
-        for group in groups:
-            partner = maps[group].get(block_hash)
-            if partner is not None and WORTHLESS < class_of[partner] < NOT_FREE:
-                yield partner
-
-    def _join_prefix(self, block: int) -> bool:
-        """Queue kept suffix ``block`` behind the free prefix block ending at the same token.
-
-        For a suffix group freed after its prefix group (the order the
-        managers are called in). Returns whether such a prefix block was free.
-        """
-        partner = next(self._free_partners(block, self._prefix_groups), None)
-        if partner is None:
-            return False
-        self._queues.push_after(block, partner)
-        return True
-
-    def _follow(self, block: int, klass: int) -> None:
-        """Requeue the admitted suffix blocks ending where prefix ``block`` ends, behind it.
-
-        They join the prefix block's class: same deadline, next in line.
-        """
-        for partner in list(self._free_partners(block, self._suffix_groups)):
-            self._queues.move(partner, klass)
 
 
 def admit_policy(info: PoolInfo) -> ValuePolicy:
