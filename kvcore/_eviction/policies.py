@@ -134,7 +134,6 @@ class ValuePolicy:
         "_share",
         "_suffix_groups",
         "_tail",
-        "_view",
         "admission",
         "follow",
         "num_free",
@@ -175,7 +174,6 @@ class ValuePolicy:
         self._share = checkpoint_share
         self._interval: int | None = None  # computed on first use (needs the managers)
         self._read_memo: list[dict[int, tuple[tuple[int, int], ...]]] = [{} for _ in info.groups]
-        self._view = info.view
         # The pool itself when it is the view (always, for a policy the pool
         # builds): the partner lookups on the release path read its maps
         # directly, since they run for every kept suffix block.
@@ -643,11 +641,15 @@ class ValuePolicy:
         self._admitted_hash[block] = block_hash
         hashes = self._admitted_hashes
         hashes[block_hash] = hashes.get(block_hash, 0) + 1
-        view = self._view
+        pool = self._pool
+        assert pool is not None  # follow needs it
         flags = self._flags
         for group in self._prefix_groups:
-            for partner in view.cached_blocks(block_hash, group):  # type: ignore[union-attr]
-                flags[partner] |= _PARTNER
+            first = pool._cached[group].get(block_hash)
+            if first is not None:
+                flags[first] |= _PARTNER
+                for duplicate in pool._dups[group].get(block_hash, ()):
+                    flags[duplicate] |= _PARTNER
 
     def _unlist(self, block: int) -> None:
         """Listed suffix ``block`` loses its hash (taken or forgotten)."""
