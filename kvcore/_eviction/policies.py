@@ -461,7 +461,7 @@ class ValuePolicy:
         hits = self._hits
         depth_level = 0
         if self._depth_levels > 1:
-            depth_level = self._chain_depth_level([b for b in table if ref[b] == 1])
+            depth_level = self._table_depth_level(ref, table)
         classes = self._class_tables[depth_level]
         if classes is None:
             classes = self._class_tables[depth_level] = self._class_table(depth_level)
@@ -634,6 +634,20 @@ class ValuePolicy:
             if flags[block] & (_CACHED | _SUFFIX) == _CACHED and end[block] > deepest:
                 deepest = end[block]
         return min((deepest // DEPTH_SCALE).bit_length(), self._depth_levels - 1)
+
+    def _table_depth_level(self, ref: list[int], table: Sequence[int]) -> int:
+        """:meth:`_chain_depth_level` of the blocks of ``table`` (token order) at count 1.
+
+        A cached block's chain end grows with its position in any table that
+        holds it (a hit shares a prefix at the same positions), so the
+        deepest released one is the last from the end: no pass over the
+        whole table.
+        """
+        flags = self._flags
+        for block in reversed(table):
+            if ref[block] == 1 and flags[block] & (_CACHED | _SUFFIX) == _CACHED:
+                return min((self._end[block] // DEPTH_SCALE).bit_length(), self._depth_levels - 1)
+        return 0
 
     def _list(self, block: int, block_hash: Hashable) -> None:
         """List valued suffix ``block`` and mark the prefix block it may follow."""
