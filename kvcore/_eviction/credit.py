@@ -221,15 +221,16 @@ class CreditQueues:
         classes: bytes | bytearray,
         flags: bytes | bytearray,
         hits: bytes | bytearray,
-        place: Callable[[int], None],
+        place: Callable[[int], int],
     ) -> list[int]:
         """Drop one count in ``ref`` per block of ``table``, last first; queue the blocks at 0.
 
         A block reaching 0 goes to the tail of class ``classes[hits[b] << 5 |
-        flags[b]]``, in that turn. Where that entry is :data:`PLACE`,
-        ``place(block)`` queues it (with :meth:`push`, :meth:`push_after`
-        and :meth:`move`). One pass: the fused form of a policy's release of
-        a freed block table.
+        flags[b]]``, in that turn. Where that entry is :data:`PLACE`, the
+        class is ``place(block)``, which may instead queue the block itself
+        (with :meth:`push`, :meth:`push_after` and :meth:`move`) and return
+        :data:`PLACE`. One pass: the fused form of a policy's release of a
+        freed block table.
 
         The caller guarantees that no count in ``ref`` for ``table`` is 0 (no
         double free), no block appears twice and the null block's count is
@@ -258,10 +259,11 @@ class CreditQueues:
             klass = classes[hits[block] << 5 | flags[block]]
             if klass == PLACE:
                 self._clock = clock
-                place(block)
+                klass = place(block)
                 clock = self._clock
-                block = next(remaining, None)
-                continue
+                if klass == PLACE:
+                    block = next(remaining, None)
+                    continue
             # Queue ``block``, then the run of blocks after it that only this
             # table holds and that go to the same class without placing (the
             # common shapes: a window's blocks once the prompt is computed,

@@ -281,40 +281,53 @@ class ValuePolicy:
         return 1 + level * self._depth_levels + (depth_level if count else 0)
 
     def _release_linked(self, block: int, depth_level: int) -> None:
-        """Queue a valued block whose place may follow the other blocks at its position.
+        """Queue a valued block whose place may follow the other blocks at its position."""
+        klass = self._linked_class(block, depth_level)
+        if klass != PLACE:
+            self._queues.push(block, klass)
+
+    def _linked_class(self, block: int, depth_level: int) -> int:
+        """Queue ``block`` with its partners and return :data:`PLACE`, or return its class.
 
         A kept suffix block whose prefix block (same hash, a prefix group) is
-        free joins it: right behind it, same deadline. Otherwise the block
-        goes to the tail of its class, and if it is a prefix block, the free
-        kept suffix blocks at its position move right behind it. Hashes are
-        chained and taken at token boundaries, so in groups of one block size
-        the blocks under one hash end at the same token.
+        free joins it: right behind it, same deadline. A prefix block with
+        free kept suffix blocks at its position goes to the tail of its class
+        and they move right behind it. Any other block's place is the tail
+        of its class, returned for the caller to queue it. Hashes are chained
+        and taken at token boundaries, so in groups of one block size the
+        blocks under one hash end at the same token.
         """
-        queues = self._queues
         klass = self._class_tables[depth_level][self._hits[block] << 5 | _CACHED]  # type: ignore[index]
         flag = self._flags[block]
         if not (self.follow and flag & (_SUFFIX | _PARTNER)):
-            queues.push(block, klass)
-            return
+            return klass
         # Partner lookups straight in the pool's maps: this runs for every
         # kept suffix block and every prefix block they may follow.
         pool = self._pool
         assert pool is not None  # follow needs it
         block_hash = pool._hash[block]
         maps = pool._cached
+        queues = self._queues
         class_of = queues._class
         if flag & _SUFFIX:
             for group in self._prefix_groups:
                 partner = maps[group].get(block_hash)
                 if partner is not None and WORTHLESS < class_of[partner] < NOT_FREE:
                     queues.push_after(block, partner)
-                    return
-        queues.push(block, klass)
+                    return PLACE
         if flag & _PARTNER:
-            for group in self._suffix_groups:
-                partner = maps[group].get(block_hash)
-                if partner is not None and WORTHLESS < class_of[partner] < NOT_FREE:
+            followers = [
+                partner
+                for group in self._suffix_groups
+                if (partner := maps[group].get(block_hash)) is not None
+                and WORTHLESS < class_of[partner] < NOT_FREE
+            ]
+            if followers:
+                queues.push(block, klass)
+                for partner in followers:
                     queues.move(partner, klass)
+                return PLACE
+        return klass
 
     def revive(self, block: int) -> None:
         """A hit took a free block back."""
@@ -510,9 +523,9 @@ class ValuePolicy:
             ref[block] += 1
         self.hit(blocks)
 
-    def _place(self, block: int) -> None:
-        """:meth:`_release_linked` for :meth:`release_table` (the chain depth noted there)."""
-        self._release_linked(block, self._depth_level)
+    def _place(self, block: int) -> int:
+        """:meth:`_linked_class` for :meth:`release_table` (the chain depth noted there)."""
+        return self._linked_class(block, self._depth_level)
 
     def _undo_take(self, blocks: list[int]) -> None:
         self.release(blocks)
