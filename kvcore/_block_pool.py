@@ -217,6 +217,12 @@ class BlockPool:
         if group_info is None:
             kinds = self._group_kinds or (None,) * num_groups
             group_info = [GroupInfo(kind=kind) for kind in kinds]
+        # Per group: hash -> the first cached block with that hash. Identical
+        # blocks are not de-duplicated (block tables are append-only), so later
+        # blocks with an already-cached hash wait in _dups, oldest first.
+        # Made before the policy, which may keep references to the maps.
+        self._cached: list[dict[Hashable, int]] = [{} for _ in range(num_groups)]
+        self._dups: list[dict[Hashable, list[int]]] = [{} for _ in range(num_groups)]
         info = PoolInfo(
             num_blocks=num_blocks,
             groups=tuple(group_info),
@@ -258,11 +264,6 @@ class BlockPool:
         self._group: bytearray | list[int] = (
             bytearray(num_blocks) if num_groups == 1 else [0] * num_blocks
         )
-        # Per group: hash -> the first cached block with that hash. Identical
-        # blocks are not de-duplicated (block tables are append-only), so later
-        # blocks with an already-cached hash wait in _dups, oldest first.
-        self._cached: list[dict[Hashable, int]] = [{} for _ in range(num_groups)]
-        self._dups: list[dict[Hashable, list[int]]] = [{} for _ in range(num_groups)]
         self._events: list[KVCacheEvent] = []
         self._reserved: list[int] = []
         # The undo log of the running transaction (shared with the free

@@ -25,9 +25,9 @@ and a deadline (26 bytes a block, plus the ints the links refer to).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 
-__all__ = ["NOT_FREE", "PLACE", "WORTHLESS", "CreditQueues"]
+__all__ = ["JOIN", "NOT_FREE", "PLACE", "WORTHLESS", "CreditQueues"]
 
 #: Class of a block that is not free.
 NOT_FREE = 255
@@ -35,6 +35,8 @@ NOT_FREE = 255
 WORTHLESS = 0
 #: Not a class: a class table's mark for a block its policy places itself.
 PLACE = 254
+#: Added to a class in a class table: the block joins a free partner if it has one.
+JOIN = 128
 
 
 class CreditQueues:
@@ -222,6 +224,8 @@ class CreditQueues:
         flags: bytes | bytearray,
         hits: bytes | bytearray,
         place: Callable[[int], int],
+        hash_of: Sequence[Hashable | None] = (),
+        join_maps: Sequence[Mapping[Hashable, int]] = (),
     ) -> list[int]:
         """Drop one count in ``ref`` per block of ``table``, last first; queue the blocks at 0.
 
@@ -229,8 +233,11 @@ class CreditQueues:
         flags[b]]``, in that turn. Where that entry is :data:`PLACE`, the
         class is ``place(block)``, which may instead queue the block itself
         (with :meth:`push`, :meth:`push_after` and :meth:`move`) and return
-        :data:`PLACE`. One pass: the fused form of a policy's release of a
-        freed block table.
+        :data:`PLACE`. Where it is :data:`JOIN` plus a class ``k``, the block
+        goes right behind the first block cached under its hash
+        (``hash_of[block]``) in ``join_maps`` that is free in a valued class
+        (same class and deadline), or else to class ``k``. One pass: the
+        fused form of a policy's release of a freed block table.
 
         The caller guarantees that no count in ``ref`` for ``table`` is 0 (no
         double free), no block appears twice and the null block's count is
@@ -257,13 +264,29 @@ class CreditQueues:
                 continue
             released.append(block)
             klass = classes[hits[block] << 5 | flags[block]]
-            if klass == PLACE:
-                self._clock = clock
-                klass = place(block)
-                clock = self._clock
+            if klass >= JOIN:
                 if klass == PLACE:
-                    block = next(remaining, None)
-                    continue
+                    self._clock = clock
+                    klass = place(block)
+                    clock = self._clock
+                    if klass == PLACE:
+                        block = next(remaining, None)
+                        continue
+                else:
+                    klass -= JOIN
+                    block_hash = hash_of[block]
+                    for cached in join_maps:
+                        anchor = cached.get(block_hash)
+                        if anchor is not None and WORTHLESS < class_of[anchor] < NOT_FREE:
+                            # The queues are consistent here: every run is
+                            # closed as it ends.
+                            self.push_after(block, anchor)
+                            break
+                    else:
+                        anchor = None
+                    if anchor is not None:
+                        block = next(remaining, None)
+                        continue
             # Queue ``block``, then the run of blocks after it that only this
             # table holds and that go to the same class without placing (the
             # common shapes: a window's blocks once the prompt is computed,
@@ -294,9 +317,26 @@ class CreditQueues:
                 credit = credits[klass]
                 clock += 1
                 deadline[block] = clock + credit
+                joins_class = JOIN | klass
                 for block in remaining:
-                    if ref[block] != 1 or classes[hits[block] << 5 | flags[block]] != klass:
+                    if ref[block] != 1:
                         break
+                    entry = classes[hits[block] << 5 | flags[block]]
+                    if entry != klass:
+                        # A joining block stays in the run when it has no
+                        # free partner (the usual case: a window's kept
+                        # blocks freed while their request holds its prefix).
+                        if entry != joins_class:
+                            break
+                        block_hash = hash_of[block]
+                        for cached in join_maps:
+                            anchor = cached.get(block_hash)
+                            if anchor is not None and WORTHLESS < class_of[anchor] < NOT_FREE:
+                                break
+                        else:
+                            anchor = None
+                        if anchor is not None:
+                            break
                     ref[block] = 0
                     released.append(block)
                     clock += 1

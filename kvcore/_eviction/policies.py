@@ -64,7 +64,7 @@ from array import array
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
-from kvcore._eviction.credit import NOT_FREE, PLACE, WORTHLESS, CreditQueues
+from kvcore._eviction.credit import JOIN, NOT_FREE, PLACE, WORTHLESS, CreditQueues
 from kvcore.errors import OutOfBlocksError
 from kvcore.eviction import PoolInfo
 
@@ -126,6 +126,7 @@ class ValuePolicy:
         "_hit_levels",
         "_hits",
         "_interval",
+        "_join_maps",
         "_log",
         "_pool",
         "_prefix_groups",
@@ -156,7 +157,11 @@ class ValuePolicy:
         self._depth_levels = 6 if depth_credit else 1
         self._class_tables: list[bytearray | None] = [None] * self._depth_levels
         self._depth_level = 0  # of the table release_table is releasing
-        # Class 1 + hit level × depth levels + depth level.
+        # Class 1 + hit level × depth levels + depth level; class tables
+        # mark some entries with JOIN plus a class, so classes stay below it.
+        if len(hit_credits) * self._depth_levels >= JOIN:
+            msg = f"at most {JOIN - 1} credit classes, got {len(hit_credits) * self._depth_levels}"
+            raise ValueError(msg)
         self._queues = CreditQueues(
             n,
             [
@@ -193,6 +198,13 @@ class ValuePolicy:
         self.admission = admission
         self._block_sizes = tuple(group.block_size for group in info.groups)
         self.follow = follow and self._pool is not None and bool(self._suffix_groups)
+        # The prefix-cache maps a kept suffix block looks for its prefix
+        # block in (the pool clears them, never replaces them).
+        self._join_maps = (
+            tuple(self._pool._cached[g] for g in self._prefix_groups)
+            if self.follow and self._pool is not None
+            else ()
+        )
         # The flags of a block cached past its prompt, by group; _PARTNER
         # where it is one if a listed suffix block has its hash.
         self._decode_flags = bytes(
@@ -236,7 +248,7 @@ class ValuePolicy:
         if table is None:
             table = self._class_tables[depth_level] = self._class_table(depth_level)
         classes = [table[hits[block] << 5 | flags[block]] for block in blocks]
-        if PLACE not in classes:
+        if max(classes, default=WORTHLESS) < JOIN:
             self._queues.push_all(blocks, classes)
             return
         # A block whose place depends on other blocks (a suffix block joining
@@ -244,7 +256,7 @@ class ValuePolicy:
         # alone, after everything before it.
         start = 0
         for index, klass in enumerate(classes):
-            if klass == PLACE:
+            if klass >= JOIN:
                 if start < index:
                     self._queues.push_all(blocks[start:index], classes[start:index])
                 block = blocks[index]
@@ -256,17 +268,26 @@ class ValuePolicy:
     def _class_table(self, depth_level: int) -> bytearray:
         """The class of a freed block by ``hits << 5 | flags``, for a chain of ``depth_level``.
 
-        :data:`PLACE` marks the blocks :meth:`_release_linked` places.
+        Kept blocks whose place depends on the blocks at their position are
+        marked: a prefix block other suffix blocks may follow with
+        :data:`PLACE` (:meth:`_linked_class` places it), a kept suffix block
+        with :data:`JOIN` plus its class (it joins a free prefix block under
+        its hash, see :meth:`CreditQueues.release_table`).
         """
         table = bytearray(256 << 5)
         for count in range(256):
+            valued = self._valued_class(count, depth_level)
             for flag in range(1 << 5):
-                if flag == _CACHED:
-                    klass = self._valued_class(count, depth_level)
-                elif not flag & _CACHED or (flag & _SUFFIX and not flag & _ADMITTED and not count):
+                if not flag & _CACHED or (flag & _SUFFIX and not flag & _ADMITTED and not count):
                     klass = WORTHLESS
-                else:
+                elif not self.follow:
+                    klass = valued
+                elif flag & _PARTNER:
                     klass = PLACE
+                elif flag & _SUFFIX:
+                    klass = JOIN | valued
+                else:
+                    klass = valued
                 table[count << 5 | flag] = klass
         return table
 
@@ -466,8 +487,6 @@ class ValuePolicy:
             ``None``, or the first block of ``table`` whose count was already
             0 (a double free): then nothing changed.
         """
-        if len(table) == 1:
-            return self._release_one(ref, table[0])
         if 0 in map(ref.__getitem__, table):
             return next(block for block in table if not ref[block])
         flags = self._flags
@@ -480,33 +499,11 @@ class ValuePolicy:
             classes = self._class_tables[depth_level] = self._class_table(depth_level)
         self._depth_level = depth_level
         released = self._queues.release_table(
-            ref, table, classes, flags, hits, self._place
+            ref, table, classes, flags, hits, self._place, self._pool_hashes(), self._join_maps
         )
         self.num_free += len(released)
         if self._log is not None:
             self._log.append((self._undo_release, (released,)))
-        return None
-
-    def _release_one(self, ref: list[int], block: int) -> int | None:
-        """:meth:`release_table` of a one-block table (a window moving on by a block)."""
-        count = ref[block]
-        if not count:
-            return block
-        ref[block] = count - 1
-        if count > 1:
-            return None
-        depth_level = self._chain_depth_level((block,)) if self._depth_levels > 1 else 0
-        classes = self._class_tables[depth_level]
-        if classes is None:
-            classes = self._class_tables[depth_level] = self._class_table(depth_level)
-        klass = classes[self._hits[block] << 5 | self._flags[block]]
-        if klass == PLACE:
-            self._release_linked(block, depth_level)
-        else:
-            self._queues.push(block, klass)
-        self.num_free += 1
-        if self._log is not None:
-            self._log.append((self._undo_release, ((block,),)))
         return None
 
     def revive_table(self, ref: list[int], blocks: Sequence[int]) -> None:
@@ -522,6 +519,10 @@ class ValuePolicy:
         for block in blocks:
             ref[block] += 1
         self.hit(blocks)
+
+    def _pool_hashes(self) -> Sequence[Hashable | None]:
+        """The pool's hash of each block (empty without partners to follow)."""
+        return self._pool._hash if self._pool is not None else ()
 
     def _place(self, block: int) -> int:
         """:meth:`_linked_class` for :meth:`release_table` (the chain depth noted there)."""
