@@ -655,12 +655,19 @@ class ValuePolicy:
         A cached block's chain end grows with its position in any table that
         holds it (a hit shares a prefix at the same positions), so the
         deepest released one is the last from the end: no pass over the
-        whole table.
+        whole table. A suffix group's table has none: its first cached block
+        says so.
         """
         flags = self._flags
         for block in reversed(table):
-            if ref[block] == 1 and flags[block] & (_CACHED | _SUFFIX) == _CACHED:
-                return min((self._end[block] // DEPTH_SCALE).bit_length(), self._depth_levels - 1)
+            flag = flags[block]
+            if flag & _CACHED:
+                if flag & _SUFFIX:
+                    return 0  # a suffix group's table: no prefix block in it
+                if ref[block] == 1:
+                    return min(
+                        (self._end[block] // DEPTH_SCALE).bit_length(), self._depth_levels - 1
+                    )
         return 0
 
     def _list(self, block: int, block_hash: Hashable) -> None:
