@@ -556,7 +556,10 @@ class BlockPool:
                 request.num_prompt_tokens,
             )
             if self._log is not None:
-                self._log.append((told.forget, ([block for block in new_blocks if block],)))
+                # A built-in policy skips null blocks itself; the protocol
+                # never passes them to ``forget``.
+                forgotten = new_blocks if told is self._lru else [b for b in new_blocks if b]
+                self._log.append((told.forget, (forgotten,)))
         if self.enable_kv_cache_events:
             stored = list(compress(new_hashes, new_blocks))
             kinds = self._group_kinds

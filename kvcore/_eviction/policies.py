@@ -489,17 +489,21 @@ class ValuePolicy:
         """
         if 0 in map(ref.__getitem__, table):
             return next(block for block in table if not ref[block])
-        flags = self._flags
-        hits = self._hits
-        depth_level = 0
-        if self._depth_levels > 1:
-            depth_level = self._table_depth_level(ref, table)
+        depth_level = self._table_depth_level(ref, table) if self._depth_levels > 1 else 0
         classes = self._class_tables[depth_level]
         if classes is None:
             classes = self._class_tables[depth_level] = self._class_table(depth_level)
         self._depth_level = depth_level
+        join_maps = self._join_maps
         released = self._queues.release_table(
-            ref, table, classes, flags, hits, self._place, self._pool_hashes(), self._join_maps
+            ref,
+            table,
+            classes,
+            self._flags,
+            self._hits,
+            self._place,
+            self._pool._hash if join_maps else (),  # type: ignore[union-attr]
+            join_maps,
         )
         self.num_free += len(released)
         if self._log is not None:
@@ -519,10 +523,6 @@ class ValuePolicy:
         for block in blocks:
             ref[block] += 1
         self.hit(blocks)
-
-    def _pool_hashes(self) -> Sequence[Hashable | None]:
-        """The pool's hash of each block (empty without partners to follow)."""
-        return self._pool._hash if self._pool is not None else ()
 
     def _place(self, block: int) -> int:
         """:meth:`_linked_class` for :meth:`release_table` (the chain depth noted there)."""
