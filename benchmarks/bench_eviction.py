@@ -12,9 +12,10 @@ the optimum reaches the unbounded-cache ceiling):
 
 Each cell also has the workload's unbounded-cache ceiling. Then a timing
 phase replays one workload per model with every online policy in
-``--repeats`` interleaved, order-rotated rounds and reports the median
-manager time per decode call and per step (with the spread and the load
-average) against LRU.
+``--repeats`` order-rotated rounds and reports the median manager time per
+decode call and per step (with the spread and the load average) against
+LRU. Within a round the policies' replays run in lockstep, 32 scheduler
+steps each in turn, so that they all see the same machine load.
 
 Run (from the repository root)::
 
@@ -37,17 +38,27 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 from _common import DATA, REPO
 
-from kvcore._sim import SchedulerConfig, SimulationOptions, load_workload, simulate
+from kvcore._sim import (
+    SchedulerConfig,
+    SimulationOptions,
+    SimulationReport,
+    Workload,
+    load_workload,
+    simulate,
+)
 
 POLICIES = ("lru", "admit", "frequency", "cost", "belady")
+#: Scheduler steps a replay runs before handing the turn on (timing phase).
+LOCKSTEP_STEPS = 32
 ONLINE = POLICIES[:-1]
 CONVERSATION = DATA / "mooncake" / "mooncake_conversation_trace.jsonl"
 SYNTHETIC = DATA / "mooncake" / "mooncake_synthetic_trace.jsonl"
@@ -295,12 +306,80 @@ def plot(results: dict[str, dict[str, Any]], limit: int | None, path: Path) -> N
     plt.close(figure)
 
 
+def replay_in_lockstep(
+    workload: Workload, options: Sequence[SimulationOptions], chunk: int = LOCKSTEP_STEPS
+) -> list[SimulationReport]:
+    """Simulate ``workload`` once per entry of ``options``, the replays taking turns.
+
+    Each replay runs in its own thread, and only the one whose turn it is
+    runs: it hands the turn on (in the order of ``options``) every ``chunk``
+    scheduler steps, between a step's allocations and its frees, outside
+    any timed manager call. So every replay sees the same machine load,
+    and a ratio of their times is not skewed by the load changing between
+    runs (on a shared machine it changes from one run to the next).
+
+    Returns:
+        The reports, in the order of ``options``.
+    """
+    turn = threading.Condition()
+    current = [0]
+    live = set(range(len(options)))
+    reports: list[SimulationReport | None] = [None] * len(options)
+    errors: list[BaseException] = []
+
+    def wait_for_turn(me: int) -> None:
+        with turn:
+            turn.wait_for(lambda: current[0] == me)
+
+    def hand_on(me: int, finished: bool = False) -> None:
+        with turn:
+            if finished:
+                live.discard(me)
+            for offset in range(1, len(options) + 1):
+                following = (me + offset) % len(options)
+                if following in live:
+                    current[0] = following
+                    break
+            turn.notify_all()
+
+    def replay(me: int) -> None:
+        steps = 0
+
+        def attach(plan: object, manager: object) -> Callable[..., None]:
+            def on_step(scheduled: object) -> None:
+                nonlocal steps
+                steps += 1
+                if steps % chunk == 0:
+                    hand_on(me)
+                    wait_for_turn(me)
+
+            return on_step
+
+        wait_for_turn(me)
+        try:
+            reports[me] = simulate(workload, options[me], attach=attach)
+        except BaseException as error:  # re-raised in the caller's thread
+            errors.append(error)
+        finally:
+            hand_on(me, finished=True)
+
+    threads = [threading.Thread(target=replay, args=(me,)) for me in range(len(options))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return [report for report in reports if report is not None]
+
+
 def run_timing(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Manager time per decode call and per step of each online policy.
 
-    ``--repeats`` rounds; in each every policy replays the workload once, in
-    an order rotated by one per round (so no policy always runs first).
-    Reported: the median over the rounds, with the lowest and highest.
+    ``--repeats`` rounds; in each every policy replays the workload once, the
+    replays in lockstep (:func:`replay_in_lockstep`), their order rotated by
+    one per round (so no policy always goes first). Reported: the median
+    over the rounds, with the lowest and highest.
     """
     rows = []
     for title, trace, limit, model, memory, max_model_len in TIMINGS:
@@ -309,15 +388,18 @@ def run_timing(args: argparse.Namespace) -> list[dict[str, Any]]:
         load_before = os.getloadavg()[0]
         for round_index in range(args.repeats):
             shift = round_index % len(ONLINE)
-            for policy in ONLINE[shift:] + ONLINE[:shift]:
-                options = SimulationOptions(
+            order = ONLINE[shift:] + ONLINE[:shift]
+            options = [
+                SimulationOptions(
                     model=model,
                     memory=memory,
                     max_model_len=max_model_len,
                     eviction=policy,
                     scheduler=SchedulerConfig(),
                 )
-                report = simulate(workload, options)
+                for policy in order
+            ]
+            for policy, report in zip(order, replay_in_lockstep(workload, options), strict=True):
                 runs[policy].append(
                     (report.manager.ops["decode"].mean_us, report.manager.per_step_mean_us)
                 )
@@ -363,7 +445,7 @@ def run_timing(args: argparse.Namespace) -> list[dict[str, Any]]:
 def timing_rst(rows: Sequence[dict[str, Any]]) -> str:
     rounds = rows[0]["rounds"] if rows else 0
     out = [
-        f".. list-table:: Manager time (median of {rounds} interleaved rounds, lowest–highest)",
+        f".. list-table:: Manager time (median of {rounds} lockstep rounds, lowest–highest)",
         "   :header-rows: 1",
         "   :class: wide-table",
         "",
