@@ -253,6 +253,7 @@ class CreditQueues:
         sentinels = self._sentinels
         nxt = self._next
         prv = self._prev
+        free_anchor = self._free_anchor
         released: list[int] = []
         remaining = reversed(table)
         block: int | None = next(remaining)
@@ -274,17 +275,11 @@ class CreditQueues:
                         continue
                 else:
                     klass -= JOIN
-                    block_hash = hash_of[block]
-                    for cached in join_maps:
-                        anchor = cached.get(block_hash)
-                        if anchor is not None and WORTHLESS < class_of[anchor] < NOT_FREE:
-                            # The queues are consistent here: every run is
-                            # closed as it ends.
-                            self.push_after(block, anchor)
-                            break
-                    else:
-                        anchor = None
+                    anchor = free_anchor(hash_of[block], join_maps)
                     if anchor is not None:
+                        # The queues are consistent here: every run is
+                        # closed as it ends.
+                        self.push_after(block, anchor)
                         block = next(remaining, None)
                         continue
             # Queue ``block``, then the run of blocks after it that only this
@@ -322,21 +317,14 @@ class CreditQueues:
                     if ref[block] != 1:
                         break
                     entry = classes[hits[block] << 5 | flags[block]]
-                    if entry != klass:
-                        # A joining block stays in the run when it has no
-                        # free partner (the usual case: a window's kept
-                        # blocks freed while their request holds its prefix).
-                        if entry != joins_class:
-                            break
-                        block_hash = hash_of[block]
-                        for cached in join_maps:
-                            anchor = cached.get(block_hash)
-                            if anchor is not None and WORTHLESS < class_of[anchor] < NOT_FREE:
-                                break
-                        else:
-                            anchor = None
-                        if anchor is not None:
-                            break
+                    # A joining block stays in the run when it has no free
+                    # partner (the usual case: a window's kept blocks freed
+                    # while their request holds its prefix).
+                    if entry != klass and (
+                        entry != joins_class
+                        or free_anchor(hash_of[block], join_maps) is not None
+                    ):
+                        break
                     ref[block] = 0
                     released.append(block)
                     clock += 1
@@ -351,6 +339,17 @@ class CreditQueues:
             prv[sentinel] = tail
         self._clock = clock
         return released
+
+    def _free_anchor(
+        self, block_hash: Hashable | None, join_maps: Sequence[Mapping[Hashable, int]]
+    ) -> int | None:
+        """The first block under ``block_hash`` in ``join_maps`` free in a valued class."""
+        class_of = self._class
+        for cached in join_maps:
+            anchor = cached.get(block_hash)
+            if anchor is not None and WORTHLESS < class_of[anchor] < NOT_FREE:
+                return anchor
+        return None
 
     def remove(self, block: int) -> None:
         """Take free ``block`` out of its class (a hit revived it).
