@@ -62,6 +62,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from itertools import compress
 from typing import Any
 
 from kvcore._eviction.credit import JOIN, NOT_FREE, PLACE, WORTHLESS, CreditQueues
@@ -400,10 +401,15 @@ class ValuePolicy:
         """
         size = self._block_sizes[group]
         flags = self._flags
-        if self._depth_levels > 1:
+        suffix = self.admission and group in self._suffix_groups
+        if self._depth_levels > 1 and not suffix:
+            # Only a prefix block's chain end is read (flagged _SUFFIX, a
+            # kept window or state block never counts as a chain's depth).
             end = self._end
-            for index in range(start, stop):
-                end[blocks[index]] = (index + 1) * size
+            for block, chain_end in zip(
+                blocks[start:stop], range((start + 1) * size, (stop + 1) * size, size), strict=True
+            ):
+                end[block] = chain_end
         if stop - start == 1 and start * size >= num_prompt_tokens:
             # One block past the prompt (a decode step's): never admitted.
             block = blocks[start]
@@ -413,14 +419,15 @@ class ValuePolicy:
                     flag = _CACHED
                 flags[block] = flag
             return
-        if not (self.admission and group in self._suffix_groups):
+        if not suffix:
             for block in blocks[start:stop]:
                 flags[block] = _CACHED
             admitted_hashes = self._admitted_hashes
             if self.follow and admitted_hashes and group in self._prefix_groups:
-                for index in range(start, stop):
-                    if block_hashes[index] in admitted_hashes:
-                        flags[blocks[index]] = _CACHED | _PARTNER
+                # The membership tests run in C; few blocks pass.
+                listed = map(admitted_hashes.__contains__, block_hashes[start:stop])
+                for index in compress(range(start, stop), listed):
+                    flags[blocks[index]] = _CACHED | _PARTNER
         else:
             for block in blocks[start:stop]:
                 flags[block] = _CACHED | _SUFFIX
