@@ -245,9 +245,7 @@ class ValuePolicy:
         flags = self._flags
         hits = self._hits
         depth_level = self._chain_depth_level(blocks) if self._depth_levels > 1 else 0
-        table = self._class_tables[depth_level]
-        if table is None:
-            table = self._class_tables[depth_level] = self._class_table(depth_level)
+        table = self._class_tables[depth_level] or self._build_class_table(depth_level)
         classes = [table[hits[block] << 5 | flags[block]] for block in blocks]
         if max(classes, default=WORTHLESS) < JOIN:
             self._queues.push_all(blocks, classes)
@@ -265,6 +263,11 @@ class ValuePolicy:
                 start = index + 1
         if start < len(blocks):
             self._queues.push_all(blocks[start:], classes[start:])
+
+    def _build_class_table(self, depth_level: int) -> bytearray:
+        """:meth:`_class_table`, built once per depth level."""
+        table = self._class_tables[depth_level] = self._class_table(depth_level)
+        return table
 
     def _class_table(self, depth_level: int) -> bytearray:
         """The class of a freed block by ``hits << 5 | flags``, for a chain of ``depth_level``.
@@ -494,12 +497,24 @@ class ValuePolicy:
             ``None``, or the first block of ``table`` whose count was already
             0 (a double free): then nothing changed.
         """
+        if len(table) == 1 and ref[table[0]] == 1:
+            # A window moving on by a block, the most frequent release: one
+            # block only this table holds goes to the tail of its class.
+            block = table[0]
+            depth_level = self._table_depth_level(ref, table) if self._depth_levels > 1 else 0
+            classes = self._class_tables[depth_level] or self._build_class_table(depth_level)
+            klass = classes[self._hits[block] << 5 | self._flags[block]]
+            if klass < JOIN:
+                ref[block] = 0
+                self._queues.push(block, klass)
+                self.num_free += 1
+                if self._log is not None:
+                    self._log.append((self._undo_release, ((block,),)))
+                return None
         if 0 in map(ref.__getitem__, table):
             return next(block for block in table if not ref[block])
         depth_level = self._table_depth_level(ref, table) if self._depth_levels > 1 else 0
-        classes = self._class_tables[depth_level]
-        if classes is None:
-            classes = self._class_tables[depth_level] = self._class_table(depth_level)
+        classes = self._class_tables[depth_level] or self._build_class_table(depth_level)
         self._depth_level = depth_level
         join_maps = self._join_maps
         released = self._queues.release_table(
