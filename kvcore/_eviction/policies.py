@@ -409,10 +409,15 @@ class ValuePolicy:
             # Only a prefix block's chain end is read (flagged _SUFFIX, a
             # kept window or state block never counts as a chain's depth).
             end = self._end
-            for block, chain_end in zip(
-                blocks[start:stop], range((start + 1) * size, (stop + 1) * size, size), strict=True
-            ):
-                end[block] = chain_end
+            if stop - start == 1:
+                end[blocks[start]] = stop * size
+            else:
+                for block, chain_end in zip(
+                    blocks[start:stop],
+                    range((start + 1) * size, (stop + 1) * size, size),
+                    strict=True,
+                ):
+                    end[block] = chain_end
         if stop - start == 1 and start * size >= num_prompt_tokens:
             # One block past the prompt (a decode step's): never admitted.
             block = blocks[start]
