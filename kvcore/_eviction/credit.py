@@ -253,7 +253,7 @@ class CreditQueues:
         sentinels = self._sentinels
         nxt = self._next
         prv = self._prev
-        free_anchor = self._free_anchor
+        free_anchor = self.free_anchor
         released: list[int] = []
         remaining = reversed(table)
         block: int | None = next(remaining)
@@ -321,8 +321,7 @@ class CreditQueues:
                     # partner (the usual case: a window's kept blocks freed
                     # while their request holds its prefix).
                     if entry != klass and (
-                        entry != joins_class
-                        or free_anchor(hash_of[block], join_maps) is not None
+                        entry != joins_class or free_anchor(hash_of[block], join_maps) is not None
                     ):
                         break
                     ref[block] = 0
@@ -340,12 +339,12 @@ class CreditQueues:
         self._clock = clock
         return released
 
-    def _free_anchor(
-        self, block_hash: Hashable | None, join_maps: Sequence[Mapping[Hashable, int]]
+    def free_anchor(
+        self, block_hash: Hashable | None, maps: Sequence[Mapping[Hashable, int]]
     ) -> int | None:
-        """The first block under ``block_hash`` in ``join_maps`` free in a valued class."""
+        """The first block under ``block_hash`` in ``maps`` that is free in a valued class."""
         class_of = self._class
-        for cached in join_maps:
+        for cached in maps:
             anchor = cached.get(block_hash)
             if anchor is not None and WORTHLESS < class_of[anchor] < NOT_FREE:
                 return anchor
@@ -356,16 +355,7 @@ class CreditQueues:
 
         A block never allocated is taken out of the fresh run instead.
         """
-        if self._fresh_start <= block < self._fresh_end and block not in self._holes:
-            self._remove_fresh(block)
-            return
-        nxt = self._next
-        prv = self._prev
-        before = prv[block]
-        after = nxt[block]
-        nxt[before] = after
-        prv[after] = before
-        self._class[block] = NOT_FREE
+        self.remove_all((block,))
 
     def remove_all(self, blocks: Sequence[int]) -> None:
         """:meth:`remove` each of ``blocks`` (all free), in order."""

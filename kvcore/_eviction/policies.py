@@ -123,6 +123,7 @@ class ValuePolicy:
         "_depth_levels",
         "_end",
         "_flags",
+        "_follow_maps",
         "_groups",
         "_hit_levels",
         "_hits",
@@ -200,12 +201,11 @@ class ValuePolicy:
         self._block_sizes = tuple(group.block_size for group in info.groups)
         self.follow = follow and self._pool is not None and bool(self._suffix_groups)
         # The prefix-cache maps a kept suffix block looks for its prefix
-        # block in (the pool clears them, never replaces them).
-        self._join_maps = (
-            tuple(self._pool._cached[g] for g in self._prefix_groups)
-            if self.follow and self._pool is not None
-            else ()
-        )
+        # block in, and those a prefix block looks for its followers in (the
+        # pool clears them, never replaces them).
+        maps = self._pool._cached if self.follow and self._pool is not None else None
+        self._join_maps = tuple(maps[g] for g in self._prefix_groups) if maps else ()
+        self._follow_maps = tuple(maps[g] for g in self._suffix_groups) if maps else ()
         # The flags of a block cached past its prompt, by group; _PARTNER
         # where it is one if a listed suffix block has its hash.
         self._decode_flags = bytes(
@@ -327,24 +327,22 @@ class ValuePolicy:
         if not (self.follow and flag & (_SUFFIX | _PARTNER)):
             return klass
         # Partner lookups straight in the pool's maps: this runs for every
-        # kept suffix block and every prefix block they may follow.
+        # prefix block kept suffix blocks may follow.
         pool = self._pool
         assert pool is not None  # follow needs it
         block_hash = pool._hash[block]
-        maps = pool._cached
         queues = self._queues
-        class_of = queues._class
         if flag & _SUFFIX:
-            for group in self._prefix_groups:
-                partner = maps[group].get(block_hash)
-                if partner is not None and WORTHLESS < class_of[partner] < NOT_FREE:
-                    queues.push_after(block, partner)
-                    return PLACE
+            anchor = queues.free_anchor(block_hash, self._join_maps)
+            if anchor is not None:
+                queues.push_after(block, anchor)
+                return PLACE
         if flag & _PARTNER:
+            class_of = queues._class
             followers = [
                 partner
-                for group in self._suffix_groups
-                if (partner := maps[group].get(block_hash)) is not None
+                for cached in self._follow_maps
+                if (partner := cached.get(block_hash)) is not None
                 and WORTHLESS < class_of[partner] < NOT_FREE
             ]
             if followers:
