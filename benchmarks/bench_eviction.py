@@ -320,7 +320,13 @@ def replay_in_lockstep(
 
     Returns:
         The reports, in the order of ``options``.
+
+    Raises:
+        ValueError: ``chunk`` is not an integer >= 1.
     """
+    if type(chunk) is not int or chunk < 1:
+        msg = f"chunk must be an integer >= 1 (scheduler steps per turn), got {chunk!r}"
+        raise ValueError(msg)
     turn = threading.Condition()
     current = [0]
     live = set(range(len(options)))

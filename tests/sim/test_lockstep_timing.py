@@ -104,3 +104,10 @@ def test_lockstep_replays_take_turns_of_chunk_steps(bench_eviction, monkeypatch)
             assert length == chunk
             expected_next = live.index(policy) + 1
     assert not live
+
+
+@pytest.mark.parametrize("chunk", [0, -3, 2.5, "8"])
+def test_a_turn_of_no_whole_positive_number_of_steps_is_refused(bench_eviction, chunk):
+    workload = load_workload(None, limit=2)
+    with pytest.raises(ValueError, match=r"chunk must be an integer >= 1 .* got"):
+        bench_eviction.replay_in_lockstep(workload, [options("lru")], chunk=chunk)
