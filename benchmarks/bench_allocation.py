@@ -281,7 +281,7 @@ def pool_components(pool: Any, total: int) -> dict[str, int]:
     them. ``other`` is ``total`` (tracemalloc) minus the parts.
     """
     queue = pool.policy
-    links = [queue._next, queue._prev] if isinstance(queue, LRUFreeQueue) else []
+    links = [queue._queue, queue._stale] if isinstance(queue, LRUFreeQueue) else []
     maps = [*pool._cached, *pool._dups]
     hashes = {id(h): h for h in pool._hash if h is not None}
     ids: dict[int, int] = {}
@@ -293,7 +293,7 @@ def pool_components(pool: Any, total: int) -> dict[str, int]:
     parts = {
         "reference counts": sys.getsizeof(pool._ref),
         "group ids": sys.getsizeof(pool._group),
-        "free-queue links": sum(map(sys.getsizeof, links)),
+        "free queue + stale counts": sum(map(sys.getsizeof, links)),
         "block-id int objects": sum(map(sys.getsizeof, ids.values())),
         "hash slots": sys.getsizeof(pool._hash),
         "hash objects": sum(map(sys.getsizeof, hashes.values())),

@@ -1099,9 +1099,10 @@ class BlockPool:
         free: list[int] = []
         free_set: set[int] = set()
         for block in self._free:
-            # A cycle would make the walk endless: stop at the first repeat.
+            # A linked queue's cycle would make the walk endless: stop at the
+            # first repeat.
             if block in free_set:
-                msg = f"the free queue has a cycle (block {block} comes twice)"
+                msg = f"the free queue lists block {block} twice"
                 raise AssertionError(msg)
             free.append(block)
             free_set.add(block)

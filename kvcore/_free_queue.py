@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from itertools import chain
+from operator import length_hint
 from typing import Any, ClassVar
 
 from kvcore.errors import OutOfBlocksError
@@ -39,17 +40,26 @@ __all__ = ["LRUFreeQueue", "lru_policy"]
 
 
 class LRUFreeQueue:
-    """Least-recently-freed-first queue of free block ids, O(1) per operation.
+    """Least-recently-freed-first queue of free block ids, O(1) amortised per block.
 
-    A doubly linked list threaded through two Python lists indexed by block id
-    (``_next``/``_prev``), with one sentinel slot at index ``num_blocks`` that
-    is both head and tail. Blocks that have never been allocated are not
-    linked: they form a *fresh* run ``[_fresh_start, num_blocks)`` that
-    logically precedes the list. Nothing is ever inserted ahead of them (frees
-    go to the tail), so keeping them as a counter is exact and makes a pool of
-    a million blocks cost a few list allocations to build. A never-allocated
-    block taken out of the middle of the run (a pool's ``touch`` of a block
-    nobody allocated) is remembered in ``_holes`` and skipped.
+    The queue is a Python list of block ids read from a head index: freeing
+    appends a table's blocks with one list extend and allocation takes a
+    slice, so neither links blocks one by one. A cache hit does not take its
+    block out of the list: the block's entry becomes *stale* and is skipped
+    when the head reaches it. ``_stale[block]`` counts a block's stale entries
+    still ahead of the head; because the head always meets a block's entries
+    oldest first, an entry is stale exactly when that count is above 0 (a free
+    block's live entry is its newest). Stale entries are dropped when taken
+    and, once there are more of them than blocks in the pool, by one
+    compaction pass over the list.
+
+    Blocks that have never been allocated are not in the list: they form a
+    *fresh* run ``[_fresh_start, num_blocks)`` that logically precedes it.
+    Nothing is ever inserted ahead of them (frees go to the tail), so keeping
+    them as a counter is exact and makes a pool of a million blocks cost a few
+    list allocations to build. A never-allocated block taken out of the middle
+    of the run (a pool's ``touch`` of a block nobody allocated) is remembered
+    in ``_holes`` and skipped.
 
     Args:
         num_blocks: Block ids are ``0 .. num_blocks - 1``; all start free, in
@@ -57,20 +67,32 @@ class LRUFreeQueue:
     """
 
     __slots__ = (
+        "_compact_above",
         "_fresh_end",
         "_fresh_start",
+        "_head",
         "_holes",
         "_log",
-        "_next",
-        "_prev",
-        "_sentinel",
+        "_num_stale",
+        "_queue",
+        "_stale",
         "num_free",
     )
 
+    #: Stale entries tolerated before a compaction, beyond one per block.
+    COMPACTION_SLACK: ClassVar[int] = 1024
+    #: Consumed entries before the head that trigger a trim of the list (when
+    #: they are also the larger part of it).
+    TRIM_AFTER: ClassVar[int] = 4096
+
     def __init__(self, num_blocks: int) -> None:
-        self._sentinel = num_blocks
-        self._next: list[int] = [num_blocks] * (num_blocks + 1)
-        self._prev: list[int] = [num_blocks] * (num_blocks + 1)
+        # Freed blocks, oldest first; entries before _head are consumed.
+        self._queue: list[int] = []
+        self._head = 0
+        # Per block: its stale entries in _queue[_head:] (see the class doc).
+        self._stale: list[int] = [0] * num_blocks
+        self._num_stale = 0
+        self._compact_above = num_blocks + self.COMPACTION_SLACK
         self._fresh_start = 0
         self._fresh_end = num_blocks
         # Never-allocated blocks inside [_fresh_start, _fresh_end) that are not
@@ -101,21 +123,57 @@ class LRUFreeQueue:
             self._fresh_start = start + fresh
         num_fresh = len(out)
         self.num_free -= n
-        if self._log is not None:
-            self._log.append((self._undo_pop, (out, num_fresh, start, consumed)))
         n -= num_fresh
-        if not n:
-            return out
-        nxt = self._next
-        sentinel = self._sentinel
-        block = nxt[sentinel]
-        append = out.append
-        for _ in range(n):
-            append(block)
-            block = nxt[block]
-        nxt[sentinel] = block
-        self._prev[block] = sentinel
+        head = self._head
+        dropped: list[int] | None = None
+        if n:
+            queue = self._queue
+            end = head + n
+            taken = queue[head:end]
+            if self._num_stale and any(map(self._stale.__getitem__, taken)):
+                end, dropped = self._take_past_stale(out, n)
+            elif num_fresh:
+                out += taken
+            else:
+                out = taken
+            self._head = end
+        if self._log is not None:
+            self._log.append((self._undo_pop, (out, num_fresh, start, consumed, head, dropped)))
+        if self._head > self.TRIM_AFTER and 2 * self._head > len(self._queue):
+            self._trim()
         return out
+
+    def _take_past_stale(self, out: list[int], n: int) -> tuple[int, list[int]]:
+        """Append the next ``n`` live entries to ``out``.
+
+        Returns:
+            The new head, and the stale entries passed (their counts dropped).
+        """
+        queue = self._queue
+        stale = self._stale
+        dropped: list[int] = []
+        append = out.append
+        position = self._head
+        while n:
+            block = queue[position]
+            position += 1
+            count = stale[block]
+            if count:
+                stale[block] = count - 1
+                dropped.append(block)
+            else:
+                append(block)
+                n -= 1
+        self._num_stale -= len(dropped)
+        return position, dropped
+
+    def _trim(self) -> None:
+        """Drop the consumed entries before the head (a new list; the old one serves the undo)."""
+        old, head = self._queue, self._head
+        self._queue = old[head:]
+        self._head = 0
+        if self._log is not None:
+            self._log.append((self._undo_trim, (old, head)))
 
     def _pop_fresh_around_holes(self, n: int) -> tuple[list[int], list[int]]:
         """Take up to ``n`` fresh blocks, skipping (and forgetting) the holes passed."""
@@ -138,27 +196,19 @@ class LRUFreeQueue:
 
     def push(self, blocks: Sequence[int]) -> None:
         """Append ``blocks`` at the tail, in the given order (first evicted first)."""
-        nxt = self._next
-        prv = self._prev
-        sentinel = self._sentinel
-        tail = prv[sentinel]
+        queue = self._queue
         if self._log is not None:
-            self._log.append((self._undo_push, (tail, len(blocks))))
-        for block in blocks:
-            nxt[tail] = block
-            prv[block] = tail
-            tail = block
-        nxt[tail] = sentinel
-        prv[sentinel] = tail
+            self._log.append((self._undo_push, (len(queue), len(blocks))))
+        queue += blocks
         self.num_free += len(blocks)
 
     def release_table(self, ref: list[int], table: Sequence[int]) -> int | None:
         """Drop one count in ``ref`` per block of ``table``, last first; queue the blocks at 0.
 
         The block pool's free of a manager's block table, fused into one pass:
-        each block's count is decremented and, when it reaches 0, the block is
-        linked at the tail right away, so the table's tail is queued (and
-        evicted) before its head, as :meth:`push` of the released blocks in
+        each block's count is decremented and the blocks reaching 0 are
+        appended at the tail in one step, the table's tail first (so it is
+        evicted before its head), as :meth:`push` of the released blocks in
         that order would. The caller guarantees no block appears twice and
         sets the null block's count high enough that it is never released.
         While a transaction runs, the undo restores the queue (the counts'
@@ -166,91 +216,68 @@ class LRUFreeQueue:
 
         Returns:
             ``None``, or a block whose count was already 0 (a double free):
-            then every count and link is restored and nothing changed.
+            then every count is restored and nothing changed.
         """
-        nxt = self._next
-        prv = self._prev
-        sentinel = self._sentinel
-        tail = old_tail = prv[sentinel]
         remaining = reversed(table)
         # The common case first: a block only this table holds (count 1).
         # The first block that is not (a shared head, a null block, an error)
         # hands the rest of the table to the general loop below.
-        for block in remaining:
-            if ref[block] != 1:
-                rest = chain((block,), remaining)
+        for first_other in remaining:
+            if ref[first_other] != 1:
                 break
-            ref[block] = 0
-            nxt[tail] = block
-            prv[block] = tail
-            tail = block
+            ref[first_other] = 0
         else:
-            rest = None
-        kept = 0
-        if rest is not None:
-            double_freed = None
-            for block in rest:
-                count = ref[block] - 1
-                ref[block] = count
-                if not count:
-                    nxt[tail] = block
-                    prv[block] = tail
-                    tail = block
-                else:
-                    kept += 1
-                    if count < 0:
-                        double_freed = block
-            if double_freed is not None:
-                for block in table:
-                    ref[block] += 1
-                nxt[old_tail] = sentinel
-                return double_freed
-        released = len(table) - kept
+            self.push(table[::-1])
+            return None
+        # The blocks after first_other in the table were released.
+        num_done = len(table) - 1 - length_hint(remaining)
+        released = list(table[len(table) - num_done :])
+        released.reverse()
+        double_freed = None
+        for block in chain((first_other,), remaining):
+            count = ref[block] - 1
+            ref[block] = count
+            if not count:
+                released.append(block)
+            elif count < 0:
+                double_freed = block
+        if double_freed is not None:
+            for block in table:
+                ref[block] += 1
+            return double_freed
         if released:
-            nxt[tail] = sentinel
-            prv[sentinel] = tail
-            self.num_free += released
-            if self._log is not None:
-                self._log.append((self._undo_push, (old_tail, released)))
+            self.push(released)
         return None
 
     def remove(self, block: int) -> None:
         """Take ``block`` out of the queue, wherever it is (a cache hit revived it).
 
-        The caller guarantees ``block`` is in the queue (its reference count
-        is 0). A block never allocated is taken out of the fresh run.
+        The caller guarantees ``block`` is in the queue (it is free). A block
+        never allocated is taken out of the fresh run.
         """
         self.remove_blocks((block,))
 
     def remove_blocks(self, blocks: Sequence[int]) -> None:
         """Take each of ``blocks`` out of the queue, in order (see :meth:`remove`)."""
-        nxt = self._next
-        prv = self._prev
-        log = self._log
-        # (block, before, after) of each unlinked block, flattened, for the undo.
-        unlinked: list[int] | None = [] if log is not None else None
-        if unlinked is not None:
-            log.append((self._undo_remove_blocks, (unlinked,)))  # type: ignore[union-attr]
+        stale = self._stale
         fresh_start = self._fresh_start
         holes = self._holes
+        staled: list[int] = []
+        if self._log is not None:
+            self._log.append((self._undo_stale, (staled,)))
         for block in blocks:
             # A hole is a block taken out of the fresh run: if it is free
-            # again, it is linked like any freed block.
+            # again, it waits in the list like any freed block.
             if block >= fresh_start and block not in holes:
                 self._remove_fresh(block)
                 fresh_start = self._fresh_start
-                if unlinked is not None:
-                    # Later unlinks must be undone before this one.
-                    unlinked = []
-                    log.append((self._undo_remove_blocks, (unlinked,)))  # type: ignore[union-attr]
-                continue
-            before = prv[block]
-            after = nxt[block]
-            nxt[before] = after
-            prv[after] = before
-            if unlinked is not None:
-                unlinked += (block, before, after)
+            else:
+                stale[block] += 1
+                staled.append(block)
+        self._num_stale += len(staled)
         self.num_free -= len(blocks)
+        if self._num_stale > self._compact_above:
+            self._compact()
 
     def revive_table(self, ref: list[int], blocks: Sequence[int]) -> None:
         """Add one count in ``ref`` per block; take the blocks at 0 out of the queue.
@@ -261,37 +288,12 @@ class LRUFreeQueue:
         with a count of 0 appears twice and the null block's count is high
         enough that it is never taken for a free block.
         """
-        nxt = self._next
-        prv = self._prev
-        log = self._log
-        num_blocks = len(blocks)
-        if (
-            num_blocks > 2
-            and list(map(nxt.__getitem__, blocks[1:])) == list(blocks[:-1])
-            and not max(map(ref.__getitem__, blocks))
-        ):
-            # The hit is one run of the queue, last block first: how a freed
-            # request's blocks wait (see release_table). The blocks are linked
-            # (a never-allocated block is no block's successor) and free:
-            # unlink the run in one step.
-            first = blocks[-1]
-            last = blocks[0]
-            before = prv[first]
-            after = nxt[last]
-            nxt[before] = after
-            prv[after] = before
-            if log is not None:
-                log.append((self._undo_unlink_run, (first, last, before, after, num_blocks)))
-            for block in blocks:
-                ref[block] = 1
-            self.num_free -= num_blocks
-            return
+        stale = self._stale
         fresh_start = self._fresh_start
         holes = self._holes
-        # (block, before, after) of each unlinked block, flattened, for the undo.
-        unlinked: list[int] = []
-        if log is not None:
-            log.append((self._undo_remove_blocks, (unlinked,)))
+        staled: list[int] = []
+        if self._log is not None:
+            self._log.append((self._undo_stale, (staled,)))
         num_revived = 0
         for block in blocks:
             count = ref[block]
@@ -300,18 +302,41 @@ class LRUFreeQueue:
                 if block >= fresh_start and block not in holes:
                     self._remove_fresh(block)
                     fresh_start = self._fresh_start
-                    if log is not None:
-                        # Later unlinks must be undone before this one.
-                        unlinked = []
-                        log.append((self._undo_remove_blocks, (unlinked,)))
                 else:
-                    before = prv[block]
-                    after = nxt[block]
-                    nxt[before] = after
-                    prv[after] = before
-                    unlinked += (block, before, after)
+                    stale[block] += 1
+                    staled.append(block)
             ref[block] = count + 1
+        self._num_stale += len(staled)
         self.num_free -= num_revived
+        if self._num_stale > self._compact_above:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rebuild the list with only its live entries, in order.
+
+        Runs once more stale entries than blocks have gathered (hits on
+        free blocks that no allocation has reached since), so its
+        O(entries) pass costs O(1) per revived block and the list stays
+        within a small multiple of the pool.
+        """
+        queue, head = self._queue, self._head
+        stale = self._stale
+        live: list[int] = []
+        append = live.append
+        dropped: list[int] = []
+        drop = dropped.append
+        for block in queue[head:]:
+            count = stale[block]
+            if count:
+                stale[block] = count - 1
+                drop(block)
+            else:
+                append(block)
+        self._queue = live
+        self._head = 0
+        self._num_stale = 0
+        if self._log is not None:
+            self._log.append((self._undo_compact, (queue, head, dropped)))
 
     def _remove_fresh(self, block: int) -> None:
         """Take a never-allocated block out of the fresh run (``num_free`` is the caller's)."""
@@ -379,11 +404,14 @@ class LRUFreeQueue:
         for block in range(self._fresh_start, self._fresh_end):
             if block not in holes:
                 yield block
-        nxt = self._next
-        block = nxt[self._sentinel]
-        while block != self._sentinel:
-            yield block
-            block = nxt[block]
+        stale = self._stale
+        passed: dict[int, int] = {}
+        for block in self._queue[self._head :]:
+            count = passed.get(block, stale[block])
+            if count:
+                passed[block] = count - 1
+            else:
+                yield block
 
     def __len__(self) -> int:
         return self.num_free
@@ -395,51 +423,47 @@ class LRUFreeQueue:
     # -- undo (entries are replayed newest first by the pool's rollback) -----------------
 
     def _undo_pop(
-        self, out: list[int], num_fresh: int, fresh_start: int, consumed: list[int] | None
+        self,
+        out: list[int],
+        num_fresh: int,
+        fresh_start: int,
+        consumed: list[int] | None,
+        head: int,
+        dropped: list[int] | None,
     ) -> None:
-        linked = out[num_fresh:]
-        if linked:
-            nxt = self._next
-            prv = self._prev
-            sentinel = self._sentinel
-            head = nxt[sentinel]
-            previous = sentinel
-            for block in linked:
-                nxt[previous] = block
-                prv[block] = previous
-                previous = block
-            nxt[previous] = head
-            prv[head] = previous
+        self._head = head
+        if dropped:
+            stale = self._stale
+            for block in dropped:
+                stale[block] += 1
+            self._num_stale += len(dropped)
         self._fresh_start = fresh_start
         if consumed:
             self._holes.update(consumed)
         self.num_free += len(out)
 
-    def _undo_push(self, old_tail: int, count: int) -> None:
-        sentinel = self._sentinel
-        self._next[old_tail] = sentinel
-        self._prev[sentinel] = old_tail
+    def _undo_trim(self, queue: list[int], head: int) -> None:
+        self._queue = queue
+        self._head = head
+
+    def _undo_push(self, length: int, count: int) -> None:
+        del self._queue[length:]
         self.num_free -= count
 
-    def _undo_remove_blocks(self, unlinked: list[int]) -> None:
-        nxt = self._next
-        prv = self._prev
-        for index in range(len(unlinked) - 3, -1, -3):
-            block, before, after = unlinked[index : index + 3]
-            nxt[before] = block
-            prv[block] = before
-            nxt[block] = after
-            prv[after] = block
-        self.num_free += len(unlinked) // 3
+    def _undo_stale(self, staled: list[int]) -> None:
+        stale = self._stale
+        for block in staled:
+            stale[block] -= 1
+        self._num_stale -= len(staled)
+        self.num_free += len(staled)
 
-    def _undo_unlink_run(self, first: int, last: int, before: int, after: int, count: int) -> None:
-        nxt = self._next
-        prv = self._prev
-        nxt[before] = first
-        prv[first] = before
-        nxt[last] = after
-        prv[after] = last
-        self.num_free += count
+    def _undo_compact(self, queue: list[int], head: int, dropped: list[int]) -> None:
+        stale = self._stale
+        for block in dropped:
+            stale[block] += 1
+        self._num_stale = len(dropped)
+        self._queue = queue
+        self._head = head
 
     def _undo_remove_fresh(self, block: int, consumed: list[int]) -> None:
         if block == self._fresh_start - 1 - len(consumed):

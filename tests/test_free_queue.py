@@ -65,3 +65,47 @@ def test_popleft_n_sequence():
     assert queue.take(2) == [3, 5]
     assert queue.take(3) == [4, 0, 2]
     assert list(queue) == []
+
+
+def test_a_block_revived_and_freed_again_is_taken_from_its_newest_place():
+    queue = LRUFreeQueue(5)
+    queue.take(5)
+    queue.release([0, 1, 2, 3, 4])
+    queue.revive(2)  # 2's entry stays in the list, stale
+    queue.release([2])
+    assert list(queue) == [0, 1, 3, 4, 2]
+    assert queue.take(3) == [0, 1, 3]  # passes (and drops) the stale entry of 2
+    assert queue.take(2) == [4, 2]
+    assert len(queue) == 0
+
+
+def test_a_block_revived_twice_skips_both_old_entries():
+    queue = LRUFreeQueue(3)
+    queue.take(3)
+    queue.release([0, 1, 2])
+    for _ in range(2):
+        queue.revive(1)
+        queue.release([1])
+    assert list(queue) == [0, 2, 1]
+    assert queue.take(3) == [0, 2, 1]
+
+
+def test_hits_on_free_blocks_without_allocations_keep_the_list_near_the_pool_size():
+    """Stale entries are compacted away: a lightly loaded server must not grow its queue."""
+    queue = LRUFreeQueue(4)
+    queue.take(4)
+    queue.release([0, 1, 2, 3])
+    for _ in range(5_000):
+        queue.revive(1)
+        queue.release([1])
+    assert list(queue) == [0, 2, 3, 1]
+    assert len(queue._queue) - queue._head <= 2 * 4 + LRUFreeQueue.COMPACTION_SLACK + 1
+
+
+def test_allocating_and_freeing_forever_keeps_the_list_near_the_pool_size():
+    queue = LRUFreeQueue(8)
+    for _ in range(5_000):
+        queue.release(queue.take(3)[::-1])
+    assert len(queue._queue) <= 2 * (8 + LRUFreeQueue.TRIM_AFTER) + 1
+    assert len(queue) == 8
+    assert sorted(queue) == list(range(8))

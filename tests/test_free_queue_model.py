@@ -1,0 +1,143 @@
+"""The LRU free queue against a plain list model, with undo, under hypothesis.
+
+The model is the reference order written the obvious way: take from the
+front, free to the back, a hit removes its block wherever it is. The queue
+under test compacts and trims on every chance it gets (thresholds of 0 and
+1), so its lazy deletion, compaction, trimming and their undo all run. Every
+step may run inside a transaction that is then rolled back: the queue's order
+and count must come back exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvcore._free_queue import LRUFreeQueue
+
+NUM_BLOCKS = 6
+
+
+class EagerQueue(LRUFreeQueue):
+    """Compacts as soon as stale entries outnumber the blocks; trims after one entry."""
+
+    __slots__ = ()
+    COMPACTION_SLACK: ClassVar[int] = 0
+    TRIM_AFTER: ClassVar[int] = 1
+
+
+class FreeQueueAgainstAModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.queue = EagerQueue(NUM_BLOCKS)
+        self.model = list(range(NUM_BLOCKS))
+        self.ref = [0] * NUM_BLOCKS
+        self.log: list[Any] | None = None
+
+    def _begin(self, transaction: bool) -> None:
+        if transaction:
+            self.saved = (list(self.queue), len(self.queue))
+            self.log = self.queue._log = []
+
+    def _end(self) -> None:
+        """Roll back the transaction, if one runs; the queue must be as before it."""
+        if self.log is None:
+            return
+        self.queue._log = None
+        for undo, arguments in reversed(self.log):
+            undo(*arguments)
+        self.log = None
+        assert (list(self.queue), len(self.queue)) == self.saved
+
+    @rule(n=st.integers(0, NUM_BLOCKS), transaction=st.booleans())
+    def take(self, n: int, transaction: bool) -> None:
+        n = min(n, len(self.model))
+        self._begin(transaction)
+        taken = self.queue.pop_n(n)
+        assert taken == self.model[:n]
+        if self.log is not None:
+            return self._end()
+        del self.model[:n]
+        for block in taken:
+            self.ref[block] = 1
+        return None
+
+    @precondition(lambda self: any(self.ref))
+    @rule(data=st.data(), transaction=st.booleans(), fused=st.booleans())
+    def free(self, data: st.DataObject, transaction: bool, fused: bool) -> None:
+        held = [b for b in range(NUM_BLOCKS) if self.ref[b]]
+        table = data.draw(st.lists(st.sampled_from(held), min_size=1, unique=True))
+        before = list(self.ref)
+        # release_table frees the table last block first; push takes the
+        # released blocks in the order given.
+        order = table[::-1] if fused else table
+        released = [b for b in order if self.ref[b] == 1]
+        self._begin(transaction)
+        if fused:
+            assert self.queue.release_table(self.ref, table) is None
+        else:
+            for block in table:
+                self.ref[block] -= 1
+            self.queue.push(released)
+        assert [b for b in range(NUM_BLOCKS) if before[b] and not self.ref[b]] == sorted(released)
+        if self.log is not None:
+            self._end()
+            self.ref = before
+            return
+        self.model += released
+
+    @precondition(lambda self: any(self.ref) and self.model)
+    @rule(data=st.data())
+    def double_free(self, data: st.DataObject) -> None:
+        """A table with a free block in it: the block is named, nothing changes."""
+        held = [b for b in range(NUM_BLOCKS) if self.ref[b]]
+        table = data.draw(st.lists(st.sampled_from(held), min_size=1, unique=True))
+        free_block = data.draw(st.sampled_from(self.model))
+        table.insert(data.draw(st.integers(0, len(table))), free_block)
+        before = list(self.ref)
+        assert self.queue.release_table(self.ref, table) == free_block
+        assert self.ref == before
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data(), transaction=st.booleans(), fused=st.booleans())
+    def hit(self, data: st.DataObject, transaction: bool, fused: bool) -> None:
+        """Free blocks leave the queue; with the fused call, held blocks gain a reference."""
+        candidates = self.model + ([b for b in range(NUM_BLOCKS) if self.ref[b]] if fused else [])
+        blocks = data.draw(st.lists(st.sampled_from(candidates), min_size=1, unique=True))
+        before = list(self.ref)
+        self._begin(transaction)
+        if fused:
+            self.queue.revive_table(self.ref, blocks)
+        else:
+            self.queue.remove_blocks(blocks)
+        if self.log is not None:
+            self._end()
+            self.ref = before
+            return
+        for block in blocks:
+            if block in self.model:
+                self.model.remove(block)
+            if not fused:
+                self.ref[block] += 1
+
+    @invariant()
+    def same_order_and_count(self) -> None:
+        assert list(self.queue) == self.model
+        assert len(self.queue) == len(self.model)
+
+    @invariant()
+    def stale_counts_add_up(self) -> None:
+        queue = self.queue
+        pending = queue._queue[queue._head :]
+        assert sum(queue._stale) == queue._num_stale
+        # A block's entries ahead of the head: its stale ones, plus one if free.
+        for block in range(NUM_BLOCKS):
+            live = 1 if block in self.model and queue.was_ever_taken(block) else 0
+            assert pending.count(block) == queue._stale[block] + live
+
+
+FreeQueueAgainstAModel.TestCase.settings = settings(max_examples=300, stateful_step_count=40)
+test_free_queue_against_a_model = FreeQueueAgainstAModel.TestCase
