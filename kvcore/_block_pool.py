@@ -41,7 +41,7 @@ from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheE
 from kvcore._eviction.driver import PolicyDriver
 from kvcore._eviction.policies import ValuePolicy
 from kvcore._eviction.registry import DEFAULT_POLICY, build_policy, resolve_policy
-from kvcore._free_queue import LRUFreeQueue
+from kvcore._free_queue import LRUFreeQueue, count_down
 from kvcore._hashing import hashes_at_block_size
 from kvcore._planning.memory import format_bytes
 from kvcore._request import Request
@@ -901,19 +901,9 @@ class BlockPool:
         from ``table[::-1]``); or ``(block, [])`` for a block whose count was
         already 0, with every count restored.
         """
-        ref = self._ref
         released: list[int] = []
-        double_freed = None
-        for block in reversed(table):
-            count = ref[block] - 1
-            ref[block] = count
-            if not count:
-                released.append(block)
-            elif count < 0:
-                double_freed = block
+        double_freed = count_down(self._ref, reversed(table), released, table)
         if double_freed is not None:
-            for block in table:
-                ref[block] += 1
             return double_freed, []
         return None, released
 

@@ -28,7 +28,7 @@ restores the exact order (see :mod:`kvcore._undo`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from itertools import chain
 from operator import length_hint
 from typing import Any, ClassVar
@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 from kvcore.errors import OutOfBlocksError
 from kvcore.eviction import PoolInfo
 
-__all__ = ["LRUFreeQueue", "lru_policy"]
+__all__ = ["LRUFreeQueue", "count_down", "lru_policy"]
 
 
 class LRUFreeQueue:
@@ -239,17 +239,8 @@ class LRUFreeQueue:
         num_done = len(table) - 1 - length_hint(remaining)
         released = list(table[len(table) - num_done :])
         released.reverse()
-        double_freed = None
-        for block in chain((first_other,), remaining):
-            count = ref[block] - 1
-            ref[block] = count
-            if not count:
-                released.append(block)
-            elif count < 0:
-                double_freed = block
+        double_freed = count_down(ref, chain((first_other,), remaining), released, table)
         if double_freed is not None:
-            for block in table:
-                ref[block] += 1
             return double_freed
         if released:
             self.push(released)
@@ -478,6 +469,32 @@ class LRUFreeQueue:
         else:
             self._holes.discard(block)
         self.num_free += 1
+
+
+def count_down(
+    ref: list[int], blocks: Iterable[int], released: list[int], table: Sequence[int]
+) -> int | None:
+    """Drop one count in ``ref`` per block of ``blocks``; append those reaching 0 to ``released``.
+
+    ``table`` holds every block counted down in this free, ``blocks``
+    included. A block whose count was already 0 is a double free: then one
+    count is given back to each block of ``table``, so no count changed.
+
+    Returns:
+        ``None``, or the (last) block that was freed twice.
+    """
+    double_freed = None
+    for block in blocks:
+        count = ref[block] - 1
+        ref[block] = count
+        if not count:
+            released.append(block)
+        elif count < 0:
+            double_freed = block
+    if double_freed is not None:
+        for block in table:
+            ref[block] += 1
+    return double_freed
 
 
 def lru_policy(info: PoolInfo) -> LRUFreeQueue:
