@@ -84,6 +84,12 @@ class LRUFreeQueue:
     #: Consumed entries before the head that trigger a trim of the list (when
     #: they are also the larger part of it).
     TRIM_AFTER: ClassVar[int] = 4096
+    #: A revived hit at least this long that waits as one run is cut out of
+    #: the list instead of leaving stale entries...
+    CUT_MIN_BLOCKS: ClassVar[int] = 9
+    #: ...when the list has at most this many entries per block of the hit
+    #: (the search for the run is a C-level scan of the list).
+    CUT_SEARCH_PER_BLOCK: ClassVar[int] = 8
 
     def __init__(self, num_blocks: int) -> None:
         # Freed blocks, oldest first; entries before _head are consumed.
@@ -285,6 +291,28 @@ class LRUFreeQueue:
         with a count of 0 appears twice and the null block's count is high
         enough that it is never taken for a free block.
         """
+        num_blocks = len(blocks)
+        if (
+            num_blocks >= self.CUT_MIN_BLOCKS
+            and self.CUT_SEARCH_PER_BLOCK * num_blocks >= len(self._queue) - self._head
+            and not ref[blocks[0]]
+            and not ref[blocks[-1]]
+        ):
+            # A long hit in a list not much longer than it: it may wait as
+            # one run, last block first (as a freed request's blocks do).
+            # Cutting the run out of the list is a C-level search and
+            # memmove over at most CUT_SEARCH_PER_BLOCK entries a block,
+            # cheaper than leaving a stale entry per block.
+            run = self._find_run(ref, blocks)
+            if run >= 0:
+                removed = self._queue[run : run + num_blocks]
+                del self._queue[run : run + num_blocks]
+                if self._log is not None:
+                    self._log.append((self._undo_cut, (run, removed)))
+                for block in blocks:
+                    ref[block] = 1
+                self.num_free -= num_blocks
+                return
         stale = self._stale
         fresh_start = self._fresh_start
         holes = self._holes
@@ -307,6 +335,22 @@ class LRUFreeQueue:
         self.num_free -= num_revived
         if self._num_stale > self._compact_above:
             self._compact()
+
+    def _find_run(self, ref: list[int], blocks: Sequence[int]) -> int:
+        """Where free ``blocks``, reversed, are consecutive entries of the list; else -1.
+
+        An entry found may be a stale one of its block: cutting it instead
+        of the live one leaves the block (revived, so all its entries are
+        stale now) with as many entries as its stale count says.
+        """
+        queue = self._queue
+        try:
+            start = queue.index(blocks[-1], self._head)
+        except ValueError:
+            return -1
+        if queue[start : start + len(blocks)] != blocks[::-1] or any(map(ref.__getitem__, blocks)):
+            return -1
+        return start
 
     def _compact(self) -> None:
         """Rebuild the list with only its live entries, in order.
@@ -453,6 +497,10 @@ class LRUFreeQueue:
             stale[block] -= 1
         self._num_stale -= len(staled)
         self.num_free += len(staled)
+
+    def _undo_cut(self, start: int, removed: list[int]) -> None:
+        self._queue[start:start] = removed
+        self.num_free += len(removed)
 
     def _undo_compact(self, queue: list[int], head: int, dropped: list[int]) -> None:
         stale = self._stale

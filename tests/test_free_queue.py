@@ -109,3 +109,60 @@ def test_allocating_and_freeing_forever_keeps_the_list_near_the_pool_size():
     assert len(queue._queue) <= 2 * (8 + LRUFreeQueue.TRIM_AFTER) + 1
     assert len(queue) == 8
     assert sorted(queue) == list(range(8))
+
+
+def test_a_long_hit_waiting_as_one_run_is_cut_out_of_the_list():
+    """No stale entries are left: the list loses exactly the hit's entries."""
+    queue = LRUFreeQueue(40)
+    ref = [0] * 40
+    table = queue.take(40)
+    for block in table:
+        ref[block] = 1
+    queue.release_table(ref, table[:20])  # queued 19, 18, ..., 0
+    queue.release_table(ref, table[20:])  # then 39, 38, ..., 20
+    hit = list(range(10))  # a prefix of the first request: 9..0 in the list
+    queue.revive_table(ref, hit)
+    assert queue._num_stale == 0
+    assert queue._queue[queue._head :] == [*range(19, 9, -1), *range(39, 19, -1)]
+    assert list(queue) == [*range(19, 9, -1), *range(39, 19, -1)]
+    assert [ref[b] for b in range(12)] == [1] * 10 + [0, 0]
+
+
+class CutsShortHits(LRUFreeQueue):
+    __slots__ = ()
+    CUT_MIN_BLOCKS = 2
+
+
+def test_a_run_cut_through_a_stale_entry_keeps_the_counts_right():
+    """The list reads 1 (stale), 0, 1: [0, 1] is cut at its first two entries."""
+    queue = CutsShortHits(2)
+    ref = [0, 0]
+    queue.take(2)
+    ref[:] = [1, 1]
+    queue.release_table(ref, [0, 1])  # queued 1, 0
+    queue.revive_table(ref, [1])
+    queue.release_table(ref, [1])  # the list: 1 (stale), 0, 1
+    queue.revive_table(ref, [0, 1])
+    assert ref == [1, 1]
+    assert len(queue) == 0
+    assert list(queue) == []
+    # 1's entry left in the list is counted stale: 1 is in use.
+    assert queue._queue[queue._head :] == [1]
+    assert queue._stale == [0, 1]
+    queue.release_table(ref, [1, 0])
+    assert list(queue) == [0, 1]
+    assert queue.take(2) == [0, 1]
+
+
+def test_a_run_with_a_block_in_use_is_not_cut():
+    """The list reads 1 (stale: 1 is in use), 0; a hit on [0, 1] revives 0 and counts 1 up."""
+    queue = CutsShortHits(2)
+    ref = [0, 0]
+    queue.take(2)
+    ref[:] = [1, 1]
+    queue.release_table(ref, [0, 1])  # queued 1, 0
+    queue.revive_table(ref, [1])  # 1 in use again
+    queue.revive_table(ref, [0, 1])
+    assert ref == [1, 2]
+    assert len(queue) == 0
+    assert list(queue) == []

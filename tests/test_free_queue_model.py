@@ -22,11 +22,17 @@ NUM_BLOCKS = 6
 
 
 class EagerQueue(LRUFreeQueue):
-    """Compacts as soon as stale entries outnumber the blocks; trims after one entry."""
+    """Compacts as soon as stale entries outnumber the blocks; trims after one entry.
+
+    A fused revive of two blocks or more looks for them as one run of the
+    list (the cut that long hits take), whatever the list's length.
+    """
 
     __slots__ = ()
     COMPACTION_SLACK: ClassVar[int] = 0
     TRIM_AFTER: ClassVar[int] = 1
+    CUT_MIN_BLOCKS: ClassVar[int] = 2
+    CUT_SEARCH_PER_BLOCK: ClassVar[int] = 1_000_000
 
 
 class FreeQueueAgainstAModel(RuleBasedStateMachine):
@@ -122,6 +128,23 @@ class FreeQueueAgainstAModel(RuleBasedStateMachine):
                 self.model.remove(block)
             if not fused:
                 self.ref[block] += 1
+
+    @precondition(lambda self: len(self.model) >= 2)
+    @rule(data=st.data(), transaction=st.booleans())
+    def hit_a_run(self, data: st.DataObject, transaction: bool) -> None:
+        """A hit on consecutive free blocks, last first: how a freed request's prefix is hit."""
+        start = data.draw(st.integers(0, len(self.model) - 2))
+        stop = data.draw(st.integers(start + 2, len(self.model)))
+        blocks = self.model[start:stop][::-1]
+        before = list(self.ref)
+        self._begin(transaction)
+        self.queue.revive_table(self.ref, blocks)
+        assert all(self.ref[b] == 1 for b in blocks)
+        if self.log is not None:
+            self._end()
+            self.ref = before
+            return
+        del self.model[start:stop]
 
     @invariant()
     def same_order_and_count(self) -> None:
