@@ -51,7 +51,9 @@ class LRUFreeQueue:
     oldest first, an entry is stale exactly when that count is above 0 (a free
     block's live entry is its newest). Stale entries are dropped when taken
     and, once there are more of them than blocks in the pool, by one
-    compaction pass over the list.
+    compaction pass over the list. A long hit whose blocks wait as one run
+    of the list (a freed request's blocks do, last first) is cut out of it
+    instead (see :meth:`revive_table`).
 
     Blocks that have never been allocated are not in the list: they form a
     *fresh* run ``[_fresh_start, num_blocks)`` that logically precedes it.
