@@ -78,11 +78,17 @@ class LRUFreeQueue:
         "_num_stale",
         "_queue",
         "_stale",
+        "_swept",
+        "_swept_head",
         "num_free",
     )
 
     #: Stale entries tolerated before a compaction, beyond one per block.
     COMPACTION_SLACK: ClassVar[int] = 1024
+    #: Entries a compaction sweeps per revive call, plus SWEEP_PER_BLOCK...
+    SWEEP_STEP: ClassVar[int] = 1024
+    #: ...per revived block (more than the one stale entry a revive makes).
+    SWEEP_PER_BLOCK: ClassVar[int] = 4
     #: Consumed entries before the head that trigger a trim of the list (when
     #: they are also the larger part of it).
     TRIM_AFTER: ClassVar[int] = 4096
@@ -101,6 +107,10 @@ class LRUFreeQueue:
         self._stale: list[int] = [0] * num_blocks
         self._num_stale = 0
         self._compact_above = num_blocks + self.COMPACTION_SLACK
+        # While a compaction runs: the live entries it has swept out of
+        # _queue[:_head], which come before _queue[_head:] (else None).
+        self._swept: list[int] | None = None
+        self._swept_head = 0
         self._fresh_start = 0
         self._fresh_end = num_blocks
         # Never-allocated blocks inside [_fresh_start, _fresh_end) that are not
@@ -132,6 +142,8 @@ class LRUFreeQueue:
         num_fresh = len(out)
         self.num_free -= n
         n -= num_fresh
+        if n and self._swept is not None:
+            n = self._take_swept(out, n)
         head = self._head
         dropped: list[int] | None = None
         if n:
@@ -140,7 +152,7 @@ class LRUFreeQueue:
             taken = queue[head:end]
             if self._num_stale and any(map(self._stale.__getitem__, taken)):
                 end, dropped = self._take_past_stale(out, n)
-            elif num_fresh:
+            elif out:
                 out += taken
             else:
                 out = taken
@@ -174,6 +186,42 @@ class LRUFreeQueue:
                 n -= 1
         self._num_stale -= len(dropped)
         return position, dropped
+
+    def _take_swept(self, out: list[int], n: int) -> int:
+        """Append up to ``n`` live entries of the swept list to ``out``.
+
+        Returns:
+            How many of the ``n`` are still to take (from the list proper).
+        """
+        swept = self._swept
+        assert swept is not None  # only called while a sweep runs
+        stale = self._stale
+        head = old_head = self._swept_head
+        end = len(swept)
+        dropped: list[int] = []
+        append = out.append
+        while n and head < end:
+            block = swept[head]
+            head += 1
+            count = stale[block]
+            if count:
+                stale[block] = count - 1
+                dropped.append(block)
+            else:
+                append(block)
+                n -= 1
+        self._num_stale -= len(dropped)
+        self._swept_head = head
+        if self._log is not None:
+            self._log.append((self._undo_take_swept, (old_head, dropped)))
+        if head > self.TRIM_AFTER and 2 * head > end:
+            # A sweep that the frees keep ahead of may run long: its
+            # consumed part is dropped as the list's is.
+            self._swept = swept[head:]
+            self._swept_head = 0
+            if self._log is not None:
+                self._log.append((self._undo_trim_swept, (swept, head)))
+        return n
 
     def _trim(self) -> None:
         """Drop the consumed entries before the head (a new list; the old one serves the undo)."""
@@ -281,8 +329,8 @@ class LRUFreeQueue:
                 staled.append(block)
         self._num_stale += len(staled)
         self.num_free -= len(blocks)
-        if self._num_stale > self._compact_above:
-            self._compact()
+        if self._swept is not None or self._num_stale > self._compact_above:
+            self._compact(len(blocks))
 
     def revive_table(self, ref: list[int], blocks: Sequence[int]) -> None:
         """Add one count in ``ref`` per block; take the blocks at 0 out of the queue.
@@ -335,8 +383,8 @@ class LRUFreeQueue:
             ref[block] = count + 1
         self._num_stale += len(staled)
         self.num_free -= num_revived
-        if self._num_stale > self._compact_above:
-            self._compact()
+        if self._swept is not None or self._num_stale > self._compact_above:
+            self._compact(len(blocks))
 
     def _find_run(self, ref: list[int], blocks: Sequence[int]) -> int:
         """Where free ``blocks``, reversed, are consecutive entries of the list; else -1.
@@ -354,32 +402,50 @@ class LRUFreeQueue:
             return -1
         return start
 
-    def _compact(self) -> None:
-        """Rebuild the list with only its live entries, in order.
+    def _compact(self, num_revived: int) -> None:
+        """Sweep the next entries of the list, dropping the stale ones; start a sweep if none runs.
 
-        Runs once more stale entries than blocks have gathered (hits on
-        free blocks that no allocation has reached since), so its
-        O(entries) pass costs O(1) per revived block and the list stays
+        A compaction starts once more stale entries than blocks have gathered
+        (hits on free blocks that no allocation has reached since) and
+        sweeps :attr:`SWEEP_STEP` entries, plus :attr:`SWEEP_PER_BLOCK` per
+        revived block, in each revive call after that, copying the live ones to a new list
+        that then replaces the old one. So no call pays for the whole list,
+        the sweep outpaces the stale entries being made, and the list stays
         within a small multiple of the pool.
         """
-        queue, head = self._queue, self._head
+        if self._swept is None:
+            self._swept = []
+            self._swept_head = 0
+            if self._log is not None:
+                self._log.append((self._undo_sweep_start, ()))
+        swept = self._swept
+        queue = self._queue
+        head = self._head
+        end = min(head + self.SWEEP_STEP + self.SWEEP_PER_BLOCK * num_revived, len(queue))
+        length = len(swept)
         stale = self._stale
-        live: list[int] = []
-        append = live.append
         dropped: list[int] = []
+        keep = swept.append
         drop = dropped.append
-        for block in queue[head:]:
+        for block in queue[head:end]:
             count = stale[block]
             if count:
                 stale[block] = count - 1
                 drop(block)
             else:
-                append(block)
-        self._queue = live
-        self._head = 0
-        self._num_stale = 0
+                keep(block)
+        self._num_stale -= len(dropped)
+        self._head = end
         if self._log is not None:
-            self._log.append((self._undo_compact, (queue, head, dropped)))
+            self._log.append((self._undo_sweep, (head, length, dropped)))
+        if end == len(queue):
+            # Swept to the tail: the new list takes over.
+            self._queue = swept
+            self._head = self._swept_head
+            self._swept = None
+            self._swept_head = 0
+            if self._log is not None:
+                self._log.append((self._undo_sweep_end, (queue, end)))
 
     def _remove_fresh(self, block: int) -> None:
         """Take a never-allocated block out of the fresh run (``num_free`` is the caller's)."""
@@ -449,7 +515,8 @@ class LRUFreeQueue:
                 yield block
         stale = self._stale
         passed: dict[int, int] = {}
-        for block in self._queue[self._head :]:
+        swept = self._swept[self._swept_head :] if self._swept is not None else []
+        for block in chain(swept, self._queue[self._head :]):
             count = passed.get(block, stale[block])
             if count:
                 passed[block] = count - 1
@@ -504,11 +571,34 @@ class LRUFreeQueue:
         self._queue[start:start] = removed
         self.num_free += len(removed)
 
-    def _undo_compact(self, queue: list[int], head: int, dropped: list[int]) -> None:
+    def _undo_take_swept(self, head: int, dropped: list[int]) -> None:
         stale = self._stale
         for block in dropped:
             stale[block] += 1
-        self._num_stale = len(dropped)
+        self._num_stale += len(dropped)
+        self._swept_head = head
+
+    def _undo_trim_swept(self, swept: list[int], head: int) -> None:
+        self._swept = swept
+        self._swept_head = head
+
+    def _undo_sweep_start(self) -> None:
+        self._swept = None
+        self._swept_head = 0
+
+    def _undo_sweep(self, head: int, length: int, dropped: list[int]) -> None:
+        swept = self._swept
+        assert swept is not None  # undone newest first: the sweep runs
+        del swept[length:]
+        stale = self._stale
+        for block in dropped:
+            stale[block] += 1
+        self._num_stale += len(dropped)
+        self._head = head
+
+    def _undo_sweep_end(self, queue: list[int], head: int) -> None:
+        self._swept = self._queue
+        self._swept_head = self._head
         self._queue = queue
         self._head = head
 

@@ -99,7 +99,12 @@ def test_hits_on_free_blocks_without_allocations_keep_the_list_near_the_pool_siz
         queue.revive(1)
         queue.release([1])
     assert list(queue) == [0, 2, 3, 1]
-    assert len(queue._queue) - queue._head <= 2 * 4 + LRUFreeQueue.COMPACTION_SLACK + 1
+    # A compaction sweeps the list a step per revive: the list and the part
+    # swept so far hold at most the pool, the stale entries allowed and one
+    # step's worth.
+    swept = len(queue._swept) - queue._swept_head if queue._swept is not None else 0
+    entries = swept + len(queue._queue) - queue._head
+    assert entries <= 2 * (4 + LRUFreeQueue.COMPACTION_SLACK) + LRUFreeQueue.SWEEP_STEP + 8
 
 
 def test_allocating_and_freeing_forever_keeps_the_list_near_the_pool_size():
@@ -166,3 +171,61 @@ def test_a_run_with_a_block_in_use_is_not_cut():
     assert ref == [1, 2]
     assert len(queue) == 0
     assert list(queue) == []
+
+
+class SweepsTwoEntriesACall(LRUFreeQueue):
+    __slots__ = ()
+    COMPACTION_SLACK = 0
+    SWEEP_STEP = 2
+    SWEEP_PER_BLOCK = 0
+
+
+def test_allocations_during_a_compaction_take_the_swept_part_first_and_roll_back():
+    """A compaction sweeping two entries per call, with allocations and a rollback in between."""
+    queue = SweepsTwoEntriesACall(4)
+    ref = [0] * 4
+    model = list(range(4))
+
+    def free(block: int) -> None:
+        queue.release_table(ref, [block])
+        model.append(block)
+
+    def hit(block: int) -> None:
+        queue.revive_table(ref, [block])
+        model.remove(block)
+
+    for block in queue.take(4):
+        ref[block] = 1
+    model.clear()
+    for block in (0, 1, 2, 3):
+        free(block)
+    for _ in range(5):  # five stale entries of 3: the sweep starts (it swept 0 and 1)
+        hit(3)
+        free(3)
+    assert queue._swept == [0, 1]
+    hit(0)  # 0's live entry is in the swept part: it turns stale there
+    free(0)
+    assert list(queue) == model == [1, 2, 3, 0]
+    # An allocation passes the stale 0 in the swept part, inside a transaction
+    # that is rolled back, then for good.
+    snapshot = (list(queue), len(queue), list(queue._stale), queue._num_stale)
+    queue._log = log = []
+    assert queue.pop_n(2) == [1, 2]
+    queue._log = None
+    for undo, arguments in reversed(log):
+        undo(*arguments)
+    assert (list(queue), len(queue), list(queue._stale), queue._num_stale) == snapshot
+    assert queue.pop_n(2) == [1, 2]
+    del model[:2]
+    assert list(queue) == model == [3, 0]
+    assert sum(queue._stale) == queue._num_stale
+    ended = 0
+    for _ in range(20):  # sweeps end (the swept list takes over) and start again
+        was_sweeping = queue._swept is not None
+        hit(3)
+        ended += was_sweeping and queue._swept is None
+        free(3)
+    assert ended > 0
+    assert list(queue) == model == [0, 3]
+    assert sum(queue._stale) == queue._num_stale
+    assert queue.pop_n(2) == [0, 3]

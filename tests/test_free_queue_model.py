@@ -22,23 +22,35 @@ NUM_BLOCKS = 6
 
 
 class EagerQueue(LRUFreeQueue):
-    """Compacts as soon as stale entries outnumber the blocks; trims after one entry.
+    """Compacts as soon as stale entries outnumber the blocks, a few entries per call.
 
+    Trims after one entry.
     A fused revive of two blocks or more looks for them as one run of the
     list (the cut that long hits take), whatever the list's length.
     """
 
     __slots__ = ()
     COMPACTION_SLACK: ClassVar[int] = 0
+    SWEEP_STEP: ClassVar[int] = 0
     TRIM_AFTER: ClassVar[int] = 1
     CUT_MIN_BLOCKS: ClassVar[int] = 2
     CUT_SEARCH_PER_BLOCK: ClassVar[int] = 1_000_000
 
 
+class SlowSweepQueue(EagerQueue):
+    """Sweeps one entry per revive call: allocations take from the swept part."""
+
+    __slots__ = ()
+    SWEEP_STEP: ClassVar[int] = 1
+    SWEEP_PER_BLOCK: ClassVar[int] = 0
+
+
 class FreeQueueAgainstAModel(RuleBasedStateMachine):
+    queue_class: ClassVar[type[LRUFreeQueue]] = EagerQueue
+
     def __init__(self) -> None:
         super().__init__()
-        self.queue = EagerQueue(NUM_BLOCKS)
+        self.queue = self.queue_class(NUM_BLOCKS)
         self.model = list(range(NUM_BLOCKS))
         self.ref = [0] * NUM_BLOCKS
         self.log: list[Any] | None = None
@@ -154,7 +166,8 @@ class FreeQueueAgainstAModel(RuleBasedStateMachine):
     @invariant()
     def stale_counts_add_up(self) -> None:
         queue = self.queue
-        pending = queue._queue[queue._head :]
+        swept = queue._swept[queue._swept_head :] if queue._swept is not None else []
+        pending = swept + queue._queue[queue._head :]
         assert sum(queue._stale) == queue._num_stale
         # A block's entries ahead of the head: its stale ones, plus one if free.
         for block in range(NUM_BLOCKS):
@@ -162,5 +175,11 @@ class FreeQueueAgainstAModel(RuleBasedStateMachine):
             assert pending.count(block) == queue._stale[block] + live
 
 
+class SlowSweepAgainstAModel(FreeQueueAgainstAModel):
+    queue_class = SlowSweepQueue
+
+
 FreeQueueAgainstAModel.TestCase.settings = settings(max_examples=300, stateful_step_count=40)
+SlowSweepAgainstAModel.TestCase.settings = settings(max_examples=300, stateful_step_count=40)
 test_free_queue_against_a_model = FreeQueueAgainstAModel.TestCase
+test_a_slowly_swept_queue_against_a_model = SlowSweepAgainstAModel.TestCase
