@@ -50,8 +50,9 @@ class LRUFreeQueue:
     still ahead of the head; because the head always meets a block's entries
     oldest first, an entry is stale exactly when that count is above 0 (a free
     block's live entry is its newest). Stale entries are dropped when taken
-    and, once there are more of them than blocks in the pool, by one
-    compaction pass over the list. A long hit whose blocks wait as one run
+    and, once there are more of them than blocks in the pool, by a
+    compaction that sweeps the list a step per revive call (see
+    :meth:`_compact`). A long hit whose blocks wait as one run
     of the list (a freed request's blocks do, last first) is cut out of it
     instead (see :meth:`revive_table`).
 
