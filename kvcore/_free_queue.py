@@ -171,20 +171,7 @@ class LRUFreeQueue:
             The new head, and the stale entries passed (their counts dropped).
         """
         queue = self._queue
-        stale = self._stale
-        dropped: list[int] = []
-        append = out.append
-        position = self._head
-        while n:
-            block = queue[position]
-            position += 1
-            count = stale[block]
-            if count:
-                stale[block] = count - 1
-                dropped.append(block)
-            else:
-                append(block)
-                n -= 1
+        position, _, dropped = _take_live(queue, self._head, len(queue), n, self._stale, out)
         self._num_stale -= len(dropped)
         return position, dropped
 
@@ -196,21 +183,9 @@ class LRUFreeQueue:
         """
         swept = self._swept
         assert swept is not None  # only called while a sweep runs
-        stale = self._stale
-        head = old_head = self._swept_head
+        old_head = self._swept_head
         end = len(swept)
-        dropped: list[int] = []
-        append = out.append
-        while n and head < end:
-            block = swept[head]
-            head += 1
-            count = stale[block]
-            if count:
-                stale[block] = count - 1
-                dropped.append(block)
-            else:
-                append(block)
-                n -= 1
+        head, n, dropped = _take_live(swept, old_head, end, n, self._stale, out)
         self._num_stale -= len(dropped)
         self._swept_head = head
         if self._log is not None:
@@ -610,6 +585,32 @@ class LRUFreeQueue:
         else:
             self._holes.discard(block)
         self.num_free += 1
+
+
+def _take_live(
+    entries: list[int], position: int, end: int, n: int, stale: list[int], out: list[int]
+) -> tuple[int, int, list[int]]:
+    """Append up to ``n`` live entries of ``entries[position:end]`` to ``out``, in order.
+
+    A stale entry passed is dropped: its block's stale count goes down by one.
+
+    Returns:
+        The position after the last entry read, how many of the ``n`` are
+        left (the range ran out), and the stale entries passed.
+    """
+    dropped: list[int] = []
+    append = out.append
+    while n and position < end:
+        block = entries[position]
+        position += 1
+        count = stale[block]
+        if count:
+            stale[block] = count - 1
+            dropped.append(block)
+        else:
+            append(block)
+            n -= 1
+    return position, n, dropped
 
 
 def count_down(

@@ -138,14 +138,20 @@ class CutsShortHits(LRUFreeQueue):
     CUT_MIN_BLOCKS = 2
 
 
-def test_a_run_cut_through_a_stale_entry_keeps_the_counts_right():
-    """The list reads 1 (stale), 0, 1: [0, 1] is cut at its first two entries."""
+def two_blocks_queued_and_1_revived() -> tuple[CutsShortHits, list[int]]:
+    """A two-block queue whose list reads 1 (stale: 1 is in use again), 0."""
     queue = CutsShortHits(2)
     ref = [0, 0]
     queue.take(2)
     ref[:] = [1, 1]
     queue.release_table(ref, [0, 1])  # queued 1, 0
     queue.revive_table(ref, [1])
+    return queue, ref
+
+
+def test_a_run_cut_through_a_stale_entry_keeps_the_counts_right():
+    """The list reads 1 (stale), 0, 1: [0, 1] is cut at its first two entries."""
+    queue, ref = two_blocks_queued_and_1_revived()
     queue.release_table(ref, [1])  # the list: 1 (stale), 0, 1
     queue.revive_table(ref, [0, 1])
     assert ref == [1, 1]
@@ -161,12 +167,7 @@ def test_a_run_cut_through_a_stale_entry_keeps_the_counts_right():
 
 def test_a_run_with_a_block_in_use_is_not_cut():
     """The list reads 1 (stale: 1 is in use), 0; a hit on [0, 1] revives 0 and counts 1 up."""
-    queue = CutsShortHits(2)
-    ref = [0, 0]
-    queue.take(2)
-    ref[:] = [1, 1]
-    queue.release_table(ref, [0, 1])  # queued 1, 0
-    queue.revive_table(ref, [1])  # 1 in use again
+    queue, ref = two_blocks_queued_and_1_revived()
     queue.revive_table(ref, [0, 1])
     assert ref == [1, 2]
     assert len(queue) == 0
