@@ -384,8 +384,9 @@ class LRUFreeQueue:
         A compaction starts once more stale entries than blocks have gathered
         (hits on free blocks that no allocation has reached since) and
         sweeps :attr:`SWEEP_STEP` entries, plus :attr:`SWEEP_PER_BLOCK` per
-        revived block, in each revive call after that, copying the live ones to a new list
-        that then replaces the old one. So no call pays for the whole list,
+        revived block, in each revive call after that, copying the live ones
+        to a new list that then replaces the old one. So no call pays for the
+        whole list,
         the sweep outpaces the stale entries being made, and the list stays
         within a small multiple of the pool.
         """
@@ -399,17 +400,8 @@ class LRUFreeQueue:
         head = self._head
         end = min(head + self.SWEEP_STEP + self.SWEEP_PER_BLOCK * num_revived, len(queue))
         length = len(swept)
-        stale = self._stale
-        dropped: list[int] = []
-        keep = swept.append
-        drop = dropped.append
-        for block in queue[head:end]:
-            count = stale[block]
-            if count:
-                stale[block] = count - 1
-                drop(block)
-            else:
-                keep(block)
+        # Every live entry of the step is kept: n is the step's length.
+        _, _, dropped = _take_live(queue, head, end, end - head, self._stale, swept)
         self._num_stale -= len(dropped)
         self._head = end
         if self._log is not None:
@@ -519,14 +511,18 @@ class LRUFreeQueue:
     ) -> None:
         self._head = head
         if dropped:
-            stale = self._stale
-            for block in dropped:
-                stale[block] += 1
-            self._num_stale += len(dropped)
+            self._restore_stale(dropped)
         self._fresh_start = fresh_start
         if consumed:
             self._holes.update(consumed)
         self.num_free += len(out)
+
+    def _restore_stale(self, dropped: list[int]) -> None:
+        """Count again the stale entries a take or a sweep dropped (undo of ``_take_live``)."""
+        stale = self._stale
+        for block in dropped:
+            stale[block] += 1
+        self._num_stale += len(dropped)
 
     def _undo_trim(self, queue: list[int], head: int) -> None:
         self._queue = queue
@@ -548,10 +544,7 @@ class LRUFreeQueue:
         self.num_free += len(removed)
 
     def _undo_take_swept(self, head: int, dropped: list[int]) -> None:
-        stale = self._stale
-        for block in dropped:
-            stale[block] += 1
-        self._num_stale += len(dropped)
+        self._restore_stale(dropped)
         self._swept_head = head
 
     def _undo_trim_swept(self, swept: list[int], head: int) -> None:
@@ -566,10 +559,7 @@ class LRUFreeQueue:
         swept = self._swept
         assert swept is not None  # undone newest first: the sweep runs
         del swept[length:]
-        stale = self._stale
-        for block in dropped:
-            stale[block] += 1
-        self._num_stale += len(dropped)
+        self._restore_stale(dropped)
         self._head = head
 
     def _undo_sweep_end(self, queue: list[int], head: int) -> None:
