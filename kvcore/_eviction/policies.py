@@ -705,11 +705,8 @@ class ValuePolicy:
         assert pool is not None  # follow needs it
         flags = self._flags
         for group in self._prefix_groups:
-            first = pool._cached[group].get(block_hash)
-            if first is not None:
-                flags[first] |= _PARTNER
-                for duplicate in pool._dups[group].get(block_hash, ()):
-                    flags[duplicate] |= _PARTNER
+            for partner in pool.cached_blocks(block_hash, group):
+                flags[partner] |= _PARTNER
 
     def _unlist(self, block: int) -> None:
         """Listed suffix ``block`` loses its hash (taken or forgotten)."""
