@@ -61,6 +61,63 @@ def test_remove_and_move():
     assert not queues.is_free(2)
 
 
+def test_take_one_fresh_then_worthless_then_earliest_deadline_lower_class_on_ties():
+    queues = CreditQueues(5, credits=[0, 1])  # class 1: no credit, class 2: 1 release
+    assert queues.take_one() == 0  # fresh, in id order
+    assert queues.take(4) == [1, 2, 3, 4]
+    queues.push(0, 2)  # clock 1, due 2
+    queues.push(1, 1)  # clock 2, due 2: ties with 0, and class 1 goes first
+    queues.push(2, 1)  # clock 3, due 3
+    queues.push(3, WORTHLESS)
+    assert [queues.take_one() for _ in range(4)] == [3, 1, 0, 2]
+    assert queues.class_of(1) == NOT_FREE
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    num_credits=st.integers(1, 3),
+    num_used=st.integers(0, 12),
+    ops=st.lists(
+        st.tuples(st.sampled_from(["take", "push", "remove", "move"]), st.integers(0, 11)),
+        max_size=60,
+    ),
+)
+def test_take_one_hands_out_the_head_of_the_iteration_order(num_credits, num_used, ops):
+    # The iteration order is its own algorithm (a min over the class heads by
+    # deadline, then class); take_one must hand out its first block, and
+    # leave the same order behind as take(1) does.
+    # Credits one release apart: equal deadlines across classes are common.
+    credits = list(range(num_credits))
+    queues, twin = CreditQueues(12, credits), CreditQueues(12, credits)
+    # Blocks taken before the ops start (the fresh run used up, or not).
+    taken = queues.take(num_used)
+    twin.take(num_used)
+    for op, arg in ops:
+        order = list(queues)
+        assert order == list(twin)
+        if op == "take" and order:
+            assert queues.take_one() == order[0] == twin.take(1)[0]
+            assert not queues.is_free(order[0])
+            assert queues.class_of(order[0]) == NOT_FREE
+            taken.append(order[0])
+        elif op == "push" and taken:
+            block = taken.pop(arg % len(taken))
+            klass = arg % (num_credits + 1)
+            queues.push(block, klass)
+            twin.push(block, klass)
+        elif op == "remove" and order:
+            block = order[arg % len(order)]
+            queues.remove(block)
+            twin.remove(block)
+            taken.append(block)
+        elif op == "move" and order:
+            block = order[arg % len(order)]
+            if queues.class_of(block) != NOT_FREE:  # a never-used block has no class
+                queues.move(block, arg % (num_credits + 1))
+                twin.move(block, arg % (num_credits + 1))
+    assert list(queues) == list(twin)
+
+
 # -- policies on a hybrid pool ------------------------------------------------------------
 
 BS = 4

@@ -156,6 +156,37 @@ class CreditQueues:
             prv[block] = best
         return out
 
+    def take_one(self) -> int:
+        """:meth:`take` of one block, without building a list.
+
+        The most frequent take (a decode step's new block). The caller
+        guarantees a block is free.
+        """
+        start = self._fresh_start
+        if start < self._fresh_end:
+            if self._holes:
+                return self.take(1)[0]
+            self._fresh_start = start + 1
+            return start
+        nxt = self._next
+        sentinels = self._sentinels
+        sentinel = sentinels[WORTHLESS]
+        block = nxt[sentinel]
+        if block == sentinel:
+            # No worthless block: the valued head with the earliest deadline
+            # (the first class on a tie, as in take).
+            deadline = self._deadline
+            best_due = 0
+            for valued in sentinels[1:]:
+                head = nxt[valued]
+                if head != valued and (block == sentinel or deadline[head] < best_due):
+                    block, sentinel, best_due = head, valued, deadline[head]
+        after = nxt[block]
+        nxt[sentinel] = after
+        self._prev[after] = sentinel
+        self._class[block] = NOT_FREE
+        return block
+
     def _take_fresh_around_holes(self, n: int, out: list[int]) -> int:
         """Append up to ``n`` fresh blocks to ``out``, skipping holes; return how many."""
         holes = self._holes
@@ -184,7 +215,7 @@ class CreditQueues:
         """
         if klass:
             self._clock += 1
-        self._deadline[block] = self._clock + self._credits[klass]
+            self._deadline[block] = self._clock + self._credits[klass]
         self._class[block] = klass
         sentinel = self._sentinels[klass]
         prv = self._prev
@@ -206,7 +237,7 @@ class CreditQueues:
         for block, klass in zip(blocks, classes, strict=True):
             if klass:
                 clock += 1
-            deadline[block] = clock + credits[klass]
+                deadline[block] = clock + credits[klass]
             class_of[block] = klass
             sentinel = sentinels[klass]
             tail = prv[sentinel]

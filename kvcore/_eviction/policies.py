@@ -232,12 +232,14 @@ class ValuePolicy:
         blocks = self._queues.take(n)
         flags = self._flags
         hits = self._hits
-        # A taken block starts over: no hash, never hit.
+        # A taken block starts over: no hash, never hit. Only a cached block
+        # has flags, and only a cached block can have been hit.
         for block in blocks:
-            if flags[block] & _LISTED:
-                self._unlist(block)
-            flags[block] = 0
-            hits[block] = 0
+            if flags[block]:
+                if flags[block] & _LISTED:
+                    self._unlist(block)
+                flags[block] = 0
+                hits[block] = 0
         return blocks
 
     def release(self, blocks: Sequence[int]) -> None:
@@ -402,6 +404,19 @@ class ValuePolicy:
         """
         size = self._block_sizes[group]
         flags = self._flags
+        if stop - start == 1 and start * size >= num_prompt_tokens:
+            # One block past the prompt (a decode step's): never admitted,
+            # and its flags depend only on the group. Checked first: it is
+            # the most frequent call.
+            block = blocks[start]
+            if block:
+                flag = self._decode_flags[group]
+                if flag & _PARTNER and block_hashes[start] not in self._admitted_hashes:
+                    flag = _CACHED
+                flags[block] = flag
+                if self._depth_levels > 1 and not flag & _SUFFIX:
+                    self._end[block] = stop * size
+            return
         suffix = self.admission and group in self._suffix_groups
         if self._depth_levels > 1 and not suffix:
             # Only a prefix block's chain end is read (flagged _SUFFIX, a
@@ -416,15 +431,6 @@ class ValuePolicy:
                     strict=True,
                 ):
                     end[block] = chain_end
-        if stop - start == 1 and start * size >= num_prompt_tokens:
-            # One block past the prompt (a decode step's): never admitted.
-            block = blocks[start]
-            if block:
-                flag = self._decode_flags[group]
-                if flag & _PARTNER and block_hashes[start] not in self._admitted_hashes:
-                    flag = _CACHED
-                flags[block] = flag
-            return
         if not suffix:
             for block in blocks[start:stop]:
                 flags[block] = _CACHED
@@ -469,7 +475,18 @@ class ValuePolicy:
         if n > self.num_free:
             msg = f"cannot take {n} blocks: only {self.num_free} are free"
             raise OutOfBlocksError(msg)
-        blocks = self.take(n)
+        if n == 1:
+            # A decode step's new block: no list to build and walk.
+            block = self._queues.take_one()
+            flags = self._flags
+            if flags[block]:  # a block hit at least once is cached: flags set
+                if flags[block] & _LISTED:
+                    self._unlist(block)
+                flags[block] = 0
+                self._hits[block] = 0
+            blocks = [block]
+        else:
+            blocks = self.take(n)
         self.num_free -= n
         if self._log is not None:
             self._log.append((self._undo_take, (blocks,)))
