@@ -252,17 +252,17 @@ class CreditQueues:
         ref: list[int],
         table: Sequence[int],
         classes: bytes | bytearray,
-        flags: bytes | bytearray,
-        hits: bytes | bytearray,
+        state: bytes | bytearray,
         place: Callable[[int], int],
         hash_of: Sequence[Hashable | None] = (),
         join_maps: Sequence[Mapping[Hashable, int]] = (),
     ) -> list[int]:
         """Drop one count in ``ref`` per block of ``table``, last first; queue the blocks at 0.
 
-        A block reaching 0 goes to the tail of class ``classes[hits[b] << 5 |
-        flags[b]]``, in that turn. Where that entry is :data:`PLACE`, the
-        class is ``place(block)``, which may instead queue the block itself
+        A block reaching 0 goes to the tail of class ``classes[state[b]]``
+        (``state``: the policy's byte per block), in that turn. Where that
+        entry is :data:`PLACE`, the class is ``place(block)``, which may
+        instead queue the block itself
         (with :meth:`push`, :meth:`push_after` and :meth:`move`) and return
         :data:`PLACE`. Where it is :data:`JOIN` plus a class ``k``, the block
         goes right behind the first block cached under its hash
@@ -295,7 +295,7 @@ class CreditQueues:
                 block = next(remaining, None)
                 continue
             released.append(block)
-            klass = classes[hits[block] << 5 | flags[block]]
+            klass = classes[state[block]]
             if klass >= JOIN:
                 if klass == PLACE:
                     self._clock = clock
@@ -329,7 +329,7 @@ class CreditQueues:
             if klass == WORTHLESS:
                 # No deadline: worthless blocks never compete with valued ones.
                 for block in remaining:
-                    if ref[block] != 1 or classes[hits[block] << 5 | flags[block]]:
+                    if ref[block] != 1 or classes[state[block]]:
                         break
                     ref[block] = 0
                     released.append(block)
@@ -347,7 +347,7 @@ class CreditQueues:
                 for block in remaining:
                     if ref[block] != 1:
                         break
-                    entry = classes[hits[block] << 5 | flags[block]]
+                    entry = classes[state[block]]
                     # A joining block stays in the run when it has no free
                     # partner (the usual case: a window's kept blocks freed
                     # while their request holds its prefix).

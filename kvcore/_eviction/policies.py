@@ -92,6 +92,12 @@ _SUFFIX = 2  # in a group that reads only the end of a hit
 _ADMITTED = 4  # a suffix block at a likely hit end
 _PARTNER = 8  # a prefix block a valued suffix block of the same position may follow
 _LISTED = 16  # a valued suffix block in the policy's list of follower hashes
+#: A block's state byte holds the flags above in its low bits and its hit
+#: count, saturating at MAX_HITS, in the bits above them: the class of a
+#: freed block is one table lookup of one byte.
+_HIT = 32
+MAX_HITS = 7
+_HIT_BITS = MAX_HITS * _HIT  # the hit count's bits, and their value at saturation
 
 
 class ValuePolicy:
@@ -122,11 +128,9 @@ class ValuePolicy:
         "_depth_level",
         "_depth_levels",
         "_end",
-        "_flags",
         "_follow_maps",
         "_groups",
         "_hit_levels",
-        "_hits",
         "_interval",
         "_join_maps",
         "_log",
@@ -135,6 +139,7 @@ class ValuePolicy:
         "_queues",
         "_read_memo",
         "_share",
+        "_state",
         "_suffix_groups",
         "_tail",
         "admission",
@@ -155,6 +160,9 @@ class ValuePolicy:
     ) -> None:
         n = info.num_blocks
         turnover = max(1, n - 1)
+        if not 1 <= len(hit_credits) <= MAX_HITS + 1:
+            msg = f"hit_credits needs 1 to {MAX_HITS + 1} levels, got {len(hit_credits)}"
+            raise ValueError(msg)
         self._hit_levels = len(hit_credits)
         self._depth_levels = 6 if depth_credit else 1
         self._class_tables: list[bytearray | None] = [None] * self._depth_levels
@@ -172,8 +180,7 @@ class ValuePolicy:
                 for level in range(self._depth_levels)
             ],
         )
-        self._flags = bytearray(n)
-        self._hits = bytearray(n)
+        self._state = bytearray(n)
         self._end = array("i", bytes(4 * n))
         self._groups = info.groups
         self._align = max(1, info.alignment_tokens)
@@ -230,25 +237,22 @@ class ValuePolicy:
     def take(self, n: int) -> list[int]:
         """The ``n`` free blocks due first (never-used ones, then worthless ones)."""
         blocks = self._queues.take(n)
-        flags = self._flags
-        hits = self._hits
-        # A taken block starts over: no hash, never hit. Only a cached block
-        # has flags, and only a cached block can have been hit.
+        state = self._state
+        # A taken block starts over: no hash, never hit (only a cached block
+        # has a state: flags, and hits).
         for block in blocks:
-            if flags[block]:
-                if flags[block] & _LISTED:
+            if state[block]:
+                if state[block] & _LISTED:
                     self._unlist(block)
-                flags[block] = 0
-                hits[block] = 0
+                state[block] = 0
         return blocks
 
     def release(self, blocks: Sequence[int]) -> None:
         """Queue freed blocks in the class their value says, in the given order."""
-        flags = self._flags
-        hits = self._hits
+        state = self._state
         depth_level = self._chain_depth_level(blocks) if self._depth_levels > 1 else 0
         table = self._class_tables[depth_level] or self._build_class_table(depth_level)
-        classes = [table[hits[block] << 5 | flags[block]] for block in blocks]
+        classes = [table[state[block]] for block in blocks]
         if max(classes, default=WORTHLESS) < JOIN:
             self._queues.push_all(blocks, classes)
             return
@@ -272,7 +276,7 @@ class ValuePolicy:
         return table
 
     def _class_table(self, depth_level: int) -> bytearray:
-        """The class of a freed block by ``hits << 5 | flags``, for a chain of ``depth_level``.
+        """The class of a freed block by its state byte, for a chain of ``depth_level``.
 
         Kept blocks whose place depends on the blocks at their position are
         marked: a prefix block other suffix blocks may follow with
@@ -280,10 +284,10 @@ class ValuePolicy:
         with :data:`JOIN` plus its class (it joins a free prefix block under
         its hash, see :meth:`CreditQueues.release_table`).
         """
-        table = bytearray(256 << 5)
-        for count in range(256):
+        table = bytearray(256)
+        for count in range(MAX_HITS + 1):
             valued = self._valued_class(count, depth_level)
-            for flag in range(1 << 5):
+            for flag in range(_HIT):
                 if not flag & _CACHED or (flag & _SUFFIX and not flag & _ADMITTED and not count):
                     klass = WORTHLESS
                 elif not self.follow:
@@ -294,7 +298,7 @@ class ValuePolicy:
                     klass = JOIN | valued
                 else:
                     klass = valued
-                table[count << 5 | flag] = klass
+                table[count * _HIT | flag] = klass
         return table
 
     def _valued_class(self, count: int, depth_level: int) -> int:
@@ -324,8 +328,8 @@ class ValuePolicy:
         and taken at token boundaries, so in groups of one block size the
         blocks under one hash end at the same token.
         """
-        klass = self._class_tables[depth_level][self._hits[block] << 5 | _CACHED]  # type: ignore[index]
-        flag = self._flags[block]
+        flag = self._state[block]
+        klass = self._class_tables[depth_level][flag & _HIT_BITS | _CACHED]  # type: ignore[index]
         if not (self.follow and flag & (_SUFFIX | _PARTNER)):
             return klass
         # Partner lookups straight in the pool's maps: this runs for every
@@ -360,30 +364,29 @@ class ValuePolicy:
 
     def hit(self, blocks: Sequence[int]) -> None:
         """Count the hit on every adopted block."""
-        hits = self._hits
-        flags = self._flags
+        state = self._state
         follow = self.follow
         for block in blocks:
-            if block and hits[block] < 255:
-                hits[block] += 1
-                # A suffix block read by a hit is valued from now on.
-                if follow and flags[block] & (_SUFFIX | _LISTED) == _SUFFIX:
-                    self._list(block, self._pool._hash[block])  # type: ignore[union-attr]
+            if block:
+                value = state[block]
+                if value < _HIT_BITS:  # the count is not saturated
+                    state[block] = value + _HIT
+                    # A suffix block read by a hit is valued from now on.
+                    if follow and value & (_SUFFIX | _LISTED) == _SUFFIX:
+                        self._list(block, self._pool._hash[block])  # type: ignore[union-attr]
 
     def forget(self, blocks: Sequence[int] | None) -> None:
         """Blocks without a hash are worthless; free ones move to the front."""
         if blocks is None:
-            self._flags = bytearray(len(self._flags))
-            self._hits = bytearray(len(self._hits))
+            self._state = bytearray(len(self._state))
             self._admitted_hash.clear()
             self._admitted_hashes.clear()
             return
         queues = self._queues
         for block in blocks:
-            if self._flags[block] & _LISTED:
+            if self._state[block] & _LISTED:
                 self._unlist(block)
-            self._flags[block] = 0
-            self._hits[block] = 0
+            self._state[block] = 0
             if queues.class_of(block) not in (WORTHLESS, NOT_FREE):
                 queues.move(block, WORTHLESS)
 
@@ -403,7 +406,7 @@ class ValuePolicy:
         its chain ends at) are written here.
         """
         size = self._block_sizes[group]
-        flags = self._flags
+        flags = self._state
         if stop - start == 1 and start * size >= num_prompt_tokens:
             # One block past the prompt (a decode step's): never admitted,
             # and its flags depend only on the group. Checked first: it is
@@ -478,12 +481,11 @@ class ValuePolicy:
         if n == 1:
             # A decode step's new block: no list to build and walk.
             block = self._queues.take_one()
-            flags = self._flags
-            if flags[block]:  # a block hit at least once is cached: flags set
-                if flags[block] & _LISTED:
+            state = self._state
+            if state[block]:
+                if state[block] & _LISTED:
                     self._unlist(block)
-                flags[block] = 0
-                self._hits[block] = 0
+                state[block] = 0
             blocks = [block]
         else:
             blocks = self.take(n)
@@ -523,7 +525,7 @@ class ValuePolicy:
             block = table[0]
             depth_level = self._table_depth_level(ref, table) if self._depth_levels > 1 else 0
             classes = self._class_tables[depth_level] or self._build_class_table(depth_level)
-            klass = classes[self._hits[block] << 5 | self._flags[block]]
+            klass = classes[self._state[block]]
             if klass < JOIN:
                 ref[block] = 0
                 self._queues.push(block, klass)
@@ -541,8 +543,7 @@ class ValuePolicy:
             ref,
             table,
             classes,
-            self._flags,
-            self._hits,
+            self._state,
             self._place,
             self._pool._hash if join_maps else (),  # type: ignore[union-attr]
             join_maps,
@@ -683,7 +684,7 @@ class ValuePolicy:
 
     def _chain_depth_level(self, blocks: Sequence[int]) -> int:
         """Log2 depth class of the deepest cached prefix block of a freed batch."""
-        flags = self._flags
+        flags = self._state
         end = self._end
         deepest = 0
         for block in blocks:
@@ -700,7 +701,7 @@ class ValuePolicy:
         whole table. A suffix group's table has none: its first cached block
         says so.
         """
-        flags = self._flags
+        flags = self._state
         for block in reversed(table):
             flag = flags[block]
             if flag & _CACHED:
@@ -714,13 +715,13 @@ class ValuePolicy:
 
     def _list(self, block: int, block_hash: Hashable) -> None:
         """List valued suffix ``block`` and mark the prefix block it may follow."""
-        self._flags[block] |= _LISTED
+        self._state[block] |= _LISTED
         self._admitted_hash[block] = block_hash
         hashes = self._admitted_hashes
         hashes[block_hash] = hashes.get(block_hash, 0) + 1
         pool = self._pool
         assert pool is not None  # follow needs it
-        flags = self._flags
+        flags = self._state
         for group in self._prefix_groups:
             for partner in pool.cached_blocks(block_hash, group):
                 flags[partner] |= _PARTNER
