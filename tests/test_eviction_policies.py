@@ -259,6 +259,32 @@ def test_frequency_keeps_a_hit_block_longer_than_newer_never_hit_ones(make_manag
     assert orders["frequency"] == [6, 5, 2, 1]
 
 
+def test_a_hit_count_saturates_in_the_top_hit_level(make_manager):
+    # frequency's classes: 1 + the hit level, min(hits, 2) (no depth levels).
+    # A block hit 12 times (its count saturates at 7) is in class 3, as one hit
+    # twice; a block hit once is in class 2.
+    manager = make_manager(num_blocks=12, block_size=4, eviction="frequency")
+    queues = manager.block_pool.policy._queues
+
+    def free_block_of(prefix):
+        blocks, num_hit = manager.get_computed_blocks(Request("probe", [*prefix, 999]))
+        assert num_hit == 4
+        return blocks.get_block_ids()[0][0]
+
+    for index in range(13):  # the first caches the block, the next 12 hit it
+        prefill_and_free(manager, Request(f"r{index}", [1, 2, 3, 4, 100 + index]))
+    for index in range(2):
+        prefill_and_free(manager, Request(f"s{index}", [20, 21, 22, 23, 200 + index]))
+    assert queues.class_of(free_block_of([1, 2, 3, 4])) == 3
+    assert queues.class_of(free_block_of([20, 21, 22, 23])) == 2
+
+
+def test_hit_credits_beyond_the_saturated_count_are_refused():
+    info = PoolInfo(num_blocks=4, groups=(), alignment_tokens=1, view=None)
+    with pytest.raises(ValueError, match="hit_credits needs 1 to 8 levels, got 9"):
+        ValuePolicy(info, hit_credits=[0.0] * 9)
+
+
 def test_cost_keeps_a_deeper_chain_longer_once_it_was_hit(make_manager):
     manager = make_manager(num_blocks=60, block_size=512, max_model_len=20000, eviction="cost")
     tokens = list(range(16385))
