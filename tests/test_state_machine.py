@@ -17,7 +17,8 @@ positions, Mamba the state after the last computed token. A block shared by
 mistake, a hit that is not the prefix it claims to be, or a block freed too
 early shows up as a wrong identity.
 
-Bounded here: about 2,000 steps, the same ones every run.
+Bounded here: about 2,000 steps, at least 1,500 (fixed examples, topped up
+with random ones when they run short).
 ``KVCORE_STATEFUL_STEPS=1000000 pytest tests/test_state_machine.py -s`` runs
 random examples until a million steps have run, and prints the count.
 """
@@ -84,6 +85,8 @@ REGISTRY = kvcore.load_registry(only=["full_attention", "sliding_window", "mamba
 PREFIXES = [[(7 * i + j) % 23 + 1 for j in range(40)] for i in range(3)]
 
 STEPS = {"count": 0}
+#: Steps the default run checks at least.
+MIN_STEPS = 1500
 
 
 class Engine(RuleBasedStateMachine):
@@ -361,7 +364,7 @@ class Engine(RuleBasedStateMachine):
 
 
 def test_the_toy_engine_reads_what_it_wrote():
-    """About 2,000 steps, the same every run; ``KVCORE_STATEFUL_STEPS=N``: random runs until N."""
+    """At least 1,500 steps (fixed, then random); ``KVCORE_STATEFUL_STEPS=N``: random until N."""
     target = int(os.environ.get("KVCORE_STATEFUL_STEPS", "0"))
     options = {
         "stateful_step_count": 50,
@@ -374,7 +377,11 @@ def test_the_toy_engine_reads_what_it_wrote():
         run_state_machine_as_test(
             Engine, settings=settings(max_examples=60, derandomize=True, **options)
         )
-        assert STEPS["count"] >= 1500
+        # The fixed examples are not the same steps on every code base: even
+        # derandomized, hypothesis draws from constants it finds in the loaded
+        # modules, so a change anywhere (or the tests that ran before) can make
+        # them shorter (1,480 to 2,436 steps seen). Random runs top them up.
+        target = MIN_STEPS
     while STEPS["count"] < target:
         # A run ends early at times: ask for what is left, about 35 steps a run.
         runs = max(1, (target - STEPS["count"]) // 35)
