@@ -174,7 +174,9 @@ class CreditQueues:
         block = nxt[sentinel]
         if block == sentinel:
             # No worthless block: the valued head with the earliest deadline
-            # (the first class on a tie, as in take).
+            # (the first class on a tie, as in take). Not left to take: with
+            # one attention type every cached block is valued, and this is
+            # then the decode step's usual path.
             deadline = self._deadline
             best_due = 0
             for valued in sentinels[1:]:
@@ -262,13 +264,13 @@ class CreditQueues:
         A block reaching 0 goes to the tail of class ``classes[state[b]]``
         (``state``: the policy's byte per block), in that turn. Where that
         entry is :data:`PLACE`, the class is ``place(block)``, which may
-        instead queue the block itself
-        (with :meth:`push`, :meth:`push_after` and :meth:`move`) and return
-        :data:`PLACE`. Where it is :data:`JOIN` plus a class ``k``, the block
-        goes right behind the first block cached under its hash
-        (``hash_of[block]``) in ``join_maps`` that is free in a valued class
-        (same class and deadline), or else to class ``k``. One pass: the
-        fused form of a policy's release of a freed block table.
+        instead queue the block itself (with :meth:`push`, :meth:`push_after`
+        and :meth:`move`) and return :data:`PLACE`. Where it is :data:`JOIN`
+        plus a class ``k``, the block goes right behind the first block
+        cached under its hash (``hash_of[block]``) in ``join_maps`` that is
+        free in a valued class (same class and deadline), or else to class
+        ``k``. One pass: the fused form of a policy's release of a freed
+        block table.
 
         The caller guarantees that no count in ``ref`` for ``table`` is 0 (no
         double free), no block appears twice and the null block's count is

@@ -236,7 +236,9 @@ class ValuePolicy:
 
     def take(self, n: int) -> list[int]:
         """The ``n`` free blocks due first (never-used ones, then worthless ones)."""
-        blocks = self._queues.take(n)
+        queues = self._queues
+        # One block (a decode step's) without building and walking a list.
+        blocks = [queues.take_one()] if n == 1 else queues.take(n)
         state = self._state
         # A taken block starts over: no hash, never hit (only a cached block
         # has a state: flags, and hits).
@@ -407,19 +409,6 @@ class ValuePolicy:
         """
         size = self._block_sizes[group]
         flags = self._state
-        if stop - start == 1 and start * size >= num_prompt_tokens:
-            # One block past the prompt (a decode step's): never admitted,
-            # and its flags depend only on the group. Checked first: it is
-            # the most frequent call.
-            block = blocks[start]
-            if block:
-                flag = self._decode_flags[group]
-                if flag & _PARTNER and block_hashes[start] not in self._admitted_hashes:
-                    flag = _CACHED
-                flags[block] = flag
-                if self._depth_levels > 1 and not flag & _SUFFIX:
-                    self._end[block] = stop * size
-            return
         suffix = self.admission and group in self._suffix_groups
         if self._depth_levels > 1 and not suffix:
             # Only a prefix block's chain end is read (flagged _SUFFIX, a
@@ -434,6 +423,16 @@ class ValuePolicy:
                     strict=True,
                 ):
                     end[block] = chain_end
+        if stop - start == 1 and start * size >= num_prompt_tokens:
+            # One block past the prompt (a decode step's): never admitted,
+            # and its flags depend only on the group.
+            block = blocks[start]
+            if block:
+                flag = self._decode_flags[group]
+                if flag & _PARTNER and block_hashes[start] not in self._admitted_hashes:
+                    flag = _CACHED
+                flags[block] = flag
+            return
         if not suffix:
             for block in blocks[start:stop]:
                 flags[block] = _CACHED
@@ -478,17 +477,7 @@ class ValuePolicy:
         if n > self.num_free:
             msg = f"cannot take {n} blocks: only {self.num_free} are free"
             raise OutOfBlocksError(msg)
-        if n == 1:
-            # A decode step's new block: no list to build and walk.
-            block = self._queues.take_one()
-            state = self._state
-            if state[block]:
-                if state[block] & _LISTED:
-                    self._unlist(block)
-                state[block] = 0
-            blocks = [block]
-        else:
-            blocks = self.take(n)
+        blocks = self.take(n)
         self.num_free -= n
         if self._log is not None:
             self._log.append((self._undo_take, (blocks,)))
