@@ -386,9 +386,8 @@ class LRUFreeQueue:
         sweeps :attr:`SWEEP_STEP` entries, plus :attr:`SWEEP_PER_BLOCK` per
         revived block, in each revive call after that, copying the live ones
         to a new list that then replaces the old one. So no call pays for the
-        whole list,
-        the sweep outpaces the stale entries being made, and the list stays
-        within a small multiple of the pool.
+        whole list, the sweep outpaces the stale entries being made, and the
+        list stays within a small multiple of the pool.
         """
         if self._swept is None:
             self._swept = []
