@@ -25,7 +25,7 @@ and a deadline (26 bytes a block, plus the ints the links refer to).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 
 __all__ = ["JOIN", "NOT_FREE", "PLACE", "WORTHLESS", "CreditQueues"]
 
@@ -33,7 +33,8 @@ __all__ = ["JOIN", "NOT_FREE", "PLACE", "WORTHLESS", "CreditQueues"]
 NOT_FREE = 255
 #: Class of free blocks that are taken before any valued one.
 WORTHLESS = 0
-#: Not a class: a class table's mark for a block its policy places itself.
+#: Not a class: a class table's mark for a block others may follow (see
+#: :meth:`CreditQueues.release_table`).
 PLACE = 254
 #: Added to a class in a class table: the block joins a free partner if it has one.
 JOIN = 128
@@ -255,22 +256,28 @@ class CreditQueues:
         table: Sequence[int],
         classes: bytes | bytearray,
         state: bytes | bytearray,
-        place: Callable[[int], int],
         hash_of: Sequence[Hashable | None] = (),
         join_maps: Sequence[Mapping[Hashable, int]] = (),
+        lead: bytes | bytearray = b"",
+        follow_maps: Sequence[Mapping[Hashable, int]] = (),
     ) -> list[int]:
         """Drop one count in ``ref`` per block of ``table``, last first; queue the blocks at 0.
 
         A block reaching 0 goes to the tail of class ``classes[state[b]]``
-        (``state``: the policy's byte per block), in that turn. Where that
-        entry is :data:`PLACE`, the class is ``place(block)``, which may
-        instead queue the block itself (with :meth:`push`, :meth:`push_after`
-        and :meth:`move`) and return :data:`PLACE`. Where it is :data:`JOIN`
-        plus a class ``k``, the block goes right behind the first block
-        cached under its hash (``hash_of[block]``) in ``join_maps`` that is
-        free in a valued class (same class and deadline), or else to class
-        ``k``. One pass: the fused form of a policy's release of a freed
-        block table.
+        (``state``: the policy's byte per block), in that turn, with two
+        kinds of entries that place a block by the blocks cached under its
+        hash (``hash_of[block]``) in other groups:
+
+        - :data:`JOIN` plus a class ``k``: the block goes right behind the
+          first block under its hash in ``join_maps`` that is free in a
+          valued class (same class and deadline), or else to class ``k``;
+        - :data:`PLACE`: the block *leads*. It goes to class
+          ``lead[state[b]]``, and each block under its hash in
+          ``follow_maps`` that is free in a valued class moves right behind
+          it (as :meth:`move` would: same class and deadline, the clock not
+          advanced).
+
+        One pass: the fused form of a policy's release of a freed block table.
 
         The caller guarantees that no count in ``ref`` for ``table`` is 0 (no
         double free), no block appears twice and the null block's count is
@@ -298,14 +305,11 @@ class CreditQueues:
                 continue
             released.append(block)
             klass = classes[state[block]]
+            leads = False
             if klass >= JOIN:
                 if klass == PLACE:
-                    self._clock = clock
-                    klass = place(block)
-                    clock = self._clock
-                    if klass == PLACE:
-                        block = next(remaining, None)
-                        continue
+                    klass = lead[state[block]]
+                    leads = True
                 else:
                     klass -= JOIN
                     anchor = free_anchor(hash_of[block], join_maps)
@@ -316,12 +320,12 @@ class CreditQueues:
                         block = next(remaining, None)
                         continue
             # Queue ``block``, then the run of blocks after it that only this
-            # table holds and that go to the same class without placing (the
-            # common shapes: a window's blocks once the prompt is computed,
-            # all worthless; a request's own decode blocks, all in the first
-            # valued class), with no per-block dispatch. The run is closed
-            # (its last block linked to the sentinel) before anything else
-            # looks at the queues; the block that ends it goes round again.
+            # table holds and that go to the same class (the common shapes:
+            # a window's blocks once the prompt is computed, all worthless; a
+            # request's own decode blocks, all in the first valued class),
+            # with no per-block dispatch. The run is closed (its last block
+            # linked to the sentinel) before anything else looks at the
+            # queues; the block that ends it goes round again.
             sentinel = sentinels[klass]
             tail = prv[sentinel]
             nxt[tail] = block
@@ -344,19 +348,27 @@ class CreditQueues:
             else:
                 credit = credits[klass]
                 clock += 1
-                deadline[block] = clock + credit
+                due = deadline[block] = clock + credit
+                if leads:
+                    tail = self._lead(block, tail, klass, due, hash_of, follow_maps)
                 joins_class = JOIN | klass
                 for block in remaining:
                     if ref[block] != 1:
                         break
                     entry = classes[state[block]]
-                    # A joining block stays in the run when it has no free
-                    # partner (the usual case: a window's kept blocks freed
-                    # while their request holds its prefix).
-                    if entry != klass and (
-                        entry != joins_class or free_anchor(hash_of[block], join_maps) is not None
-                    ):
-                        break
+                    if entry != klass:
+                        # A joining block with no free partner stays in the
+                        # run (the usual case: a window's kept blocks freed
+                        # while their request holds its prefix), and so does
+                        # a leading block of the run's class.
+                        if entry == PLACE:
+                            if lead[state[block]] != klass:
+                                break
+                            leads = True
+                        elif entry != joins_class or (
+                            free_anchor(hash_of[block], join_maps) is not None
+                        ):
+                            break
                     ref[block] = 0
                     released.append(block)
                     clock += 1
@@ -365,12 +377,50 @@ class CreditQueues:
                     nxt[tail] = block
                     prv[block] = tail
                     tail = block
+                    if leads:
+                        tail = self._lead(block, tail, klass, clock + credit, hash_of, follow_maps)
+                        leads = False
                 else:
                     block = None
             nxt[tail] = sentinel
             prv[sentinel] = tail
         self._clock = clock
         return released
+
+    def _lead(
+        self,
+        block: int,
+        tail: int,
+        klass: int,
+        due: int,
+        hash_of: Sequence[Hashable | None],
+        follow_maps: Sequence[Mapping[Hashable, int]],
+    ) -> int:
+        """Move the free followers of ``block`` (the open run's ``tail``) behind it; the new tail.
+
+        Each block under ``block``'s hash in ``follow_maps`` that is free in
+        a valued class leaves its place and is linked after the tail of the
+        open run, in class ``klass`` with deadline ``due`` (``block``'s).
+        Unlinking it reads only closed links: a free block never follows
+        the open run's tail.
+        """
+        block_hash = hash_of[block]
+        class_of = self._class
+        nxt = self._next
+        prv = self._prev
+        for cached in follow_maps:
+            partner = cached.get(block_hash)
+            if partner is not None and WORTHLESS < class_of[partner] < NOT_FREE:
+                before = prv[partner]
+                after = nxt[partner]
+                nxt[before] = after
+                prv[after] = before
+                nxt[tail] = partner
+                prv[partner] = tail
+                self._deadline[partner] = due
+                class_of[partner] = klass
+                tail = partner
+        return tail
 
     def free_anchor(
         self, block_hash: Hashable | None, maps: Sequence[Mapping[Hashable, int]]

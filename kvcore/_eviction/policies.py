@@ -125,7 +125,6 @@ class ValuePolicy:
         "_block_sizes",
         "_class_tables",
         "_decode_flags",
-        "_depth_level",
         "_depth_levels",
         "_end",
         "_follow_maps",
@@ -133,6 +132,7 @@ class ValuePolicy:
         "_hit_levels",
         "_interval",
         "_join_maps",
+        "_lead_tables",
         "_log",
         "_pool",
         "_prefix_groups",
@@ -166,7 +166,7 @@ class ValuePolicy:
         self._hit_levels = len(hit_credits)
         self._depth_levels = 6 if depth_credit else 1
         self._class_tables: list[bytearray | None] = [None] * self._depth_levels
-        self._depth_level = 0  # of the table release_table is releasing
+        self._lead_tables: list[bytes | None] = [None] * self._depth_levels
         # Class 1 + hit level × depth levels + depth level; class tables
         # mark some entries with JOIN plus a class, so classes stay below it.
         if len(hit_credits) * self._depth_levels >= JOIN:
@@ -243,8 +243,9 @@ class ValuePolicy:
         # A taken block starts over: no hash, never hit (only a cached block
         # has a state: flags, and hits).
         for block in blocks:
-            if state[block]:
-                if state[block] & _LISTED:
+            value = state[block]
+            if value:
+                if value & _LISTED:
                     self._unlist(block)
                 state[block] = 0
         return blocks
@@ -275,6 +276,11 @@ class ValuePolicy:
     def _build_class_table(self, depth_level: int) -> bytearray:
         """:meth:`_class_table`, built once per depth level."""
         table = self._class_tables[depth_level] = self._class_table(depth_level)
+        # A block that may lead others but has none free: its class as a
+        # plain cached block with its hits.
+        self._lead_tables[depth_level] = bytes(
+            table[state & _HIT_BITS | _CACHED] for state in range(256)
+        )
         return table
 
     def _class_table(self, depth_level: int) -> bytearray:
@@ -282,7 +288,8 @@ class ValuePolicy:
 
         Kept blocks whose place depends on the blocks at their position are
         marked: a prefix block other suffix blocks may follow with
-        :data:`PLACE` (:meth:`_linked_class` places it), a kept suffix block
+        :data:`PLACE` (it leads them: :meth:`CreditQueues.release_table`, or
+        :meth:`_linked_class` on the protocol path), a kept suffix block
         with :data:`JOIN` plus its class (it joins a free prefix block under
         its hash, see :meth:`CreditQueues.release_table`).
         """
@@ -515,6 +522,13 @@ class ValuePolicy:
             depth_level = self._table_depth_level(ref, table) if self._depth_levels > 1 else 0
             classes = self._class_tables[depth_level] or self._build_class_table(depth_level)
             klass = classes[self._state[block]]
+            # A window's kept block joins its prefix block if that is free,
+            # else it is queued like any other.
+            if (
+                JOIN <= klass < PLACE
+                and self._queues.free_anchor(self._pool._hash[block], self._join_maps) is None  # type: ignore[union-attr]
+            ):
+                klass -= JOIN
             if klass < JOIN:
                 ref[block] = 0
                 self._queues.push(block, klass)
@@ -526,16 +540,16 @@ class ValuePolicy:
             return next(block for block in table if not ref[block])
         depth_level = self._table_depth_level(ref, table) if self._depth_levels > 1 else 0
         classes = self._class_tables[depth_level] or self._build_class_table(depth_level)
-        self._depth_level = depth_level
         join_maps = self._join_maps
         released = self._queues.release_table(
             ref,
             table,
             classes,
             self._state,
-            self._place,
             self._pool._hash if join_maps else (),  # type: ignore[union-attr]
             join_maps,
+            self._lead_tables[depth_level],  # type: ignore[arg-type]
+            self._follow_maps,
         )
         self.num_free += len(released)
         if self._log is not None:
@@ -555,10 +569,6 @@ class ValuePolicy:
         for block in blocks:
             ref[block] += 1
         self.hit(blocks)
-
-    def _place(self, block: int) -> int:
-        """:meth:`_linked_class` for :meth:`release_table` (the chain depth noted there)."""
-        return self._linked_class(block, self._depth_level)
 
     def _undo_take(self, blocks: list[int]) -> None:
         self.release(blocks)
@@ -711,9 +721,13 @@ class ValuePolicy:
         pool = self._pool
         assert pool is not None  # follow needs it
         flags = self._state
-        for group in self._prefix_groups:
-            for partner in pool.cached_blocks(block_hash, group):
-                flags[partner] |= _PARTNER
+        # pool.cached_blocks for each prefix group, read straight from its maps.
+        for group, cached in zip(self._prefix_groups, self._join_maps, strict=True):
+            first = cached.get(block_hash)
+            if first is not None:
+                flags[first] |= _PARTNER
+                for partner in pool._dups[group].get(block_hash, ()):
+                    flags[partner] |= _PARTNER
 
     def _unlist(self, block: int) -> None:
         """Listed suffix ``block`` loses its hash (taken or forgotten)."""
