@@ -294,6 +294,9 @@ class CreditQueues:
         nxt = self._next
         prv = self._prev
         free_anchor = self.free_anchor
+        # The usual shape: one group of suffix blocks that may follow.
+        follow_one = follow_maps[0].get if len(follow_maps) == 1 else None
+        follower: int | None = None
         released: list[int] = []
         remaining = reversed(table)
         block: int | None = next(remaining)
@@ -364,7 +367,13 @@ class CreditQueues:
                         if entry == PLACE:
                             if lead[state[block]] != klass:
                                 break
-                            leads = True
+                            if follow_one is None:
+                                leads = free_anchor(hash_of[block], follow_maps) is not None
+                            else:
+                                partner = follow_one(hash_of[block])
+                                if partner is not None and WORTHLESS < class_of[partner] < NOT_FREE:
+                                    # Linked below, right behind its leader.
+                                    follower = partner
                         elif entry != joins_class or (
                             free_anchor(hash_of[block], join_maps) is not None
                         ):
@@ -377,7 +386,19 @@ class CreditQueues:
                     nxt[tail] = block
                     prv[block] = tail
                     tail = block
-                    if leads:
+                    if follower is not None:
+                        # _lead with the one follower known.
+                        before = prv[follower]
+                        after = nxt[follower]
+                        nxt[before] = after
+                        prv[after] = before
+                        nxt[tail] = follower
+                        prv[follower] = tail
+                        deadline[follower] = clock + credit
+                        class_of[follower] = klass
+                        tail = follower
+                        follower = None
+                    elif leads:
                         tail = self._lead(block, tail, klass, clock + credit, hash_of, follow_maps)
                         leads = False
                 else:

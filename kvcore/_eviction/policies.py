@@ -62,7 +62,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from itertools import compress
 from typing import Any
 
 from kvcore._eviction.credit import JOIN, NOT_FREE, PLACE, WORTHLESS, CreditQueues
@@ -90,8 +89,6 @@ UndoLog = list[tuple[Callable[..., None], Any]]
 _CACHED = 1  # carries a hash (set when cached, cleared when taken or forgotten)
 _SUFFIX = 2  # in a group that reads only the end of a hit
 _ADMITTED = 4  # a suffix block at a likely hit end
-_PARTNER = 8  # a prefix block a valued suffix block of the same position may follow
-_LISTED = 16  # a valued suffix block in the policy's list of follower hashes
 #: A block's state byte holds the flags above in its low bits and its hit
 #: count, saturating at MAX_HITS, in the bits above them: the class of a
 #: freed block is one table lookup of one byte.
@@ -119,8 +116,6 @@ class ValuePolicy:
     """
 
     __slots__ = (
-        "_admitted_hash",
-        "_admitted_hashes",
         "_align",
         "_block_sizes",
         "_class_tables",
@@ -206,28 +201,19 @@ class ValuePolicy:
         )
         self.admission = admission
         self._block_sizes = tuple(group.block_size for group in info.groups)
-        self.follow = follow and self._pool is not None and bool(self._suffix_groups)
+        # Without admission no suffix block is marked, so none could follow.
+        self.follow = follow and admission and self._pool is not None and bool(self._suffix_groups)
         # The prefix-cache maps a kept suffix block looks for its prefix
         # block in, and those a prefix block looks for its followers in (the
         # pool clears them, never replaces them).
         maps = self._pool._cached if self.follow and self._pool is not None else None
         self._join_maps = tuple(maps[g] for g in self._prefix_groups) if maps else ()
         self._follow_maps = tuple(maps[g] for g in self._suffix_groups) if maps else ()
-        # The flags of a block cached past its prompt, by group; _PARTNER
-        # where it is one if a listed suffix block has its hash.
+        # The flags of a block cached past its prompt, by group.
         self._decode_flags = bytes(
-            _CACHED | _SUFFIX
-            if admission and g in self._suffix_groups
-            else _CACHED | _PARTNER
-            if self.follow and g in self._prefix_groups
-            else _CACHED
+            _CACHED | _SUFFIX if admission and g in self._suffix_groups else _CACHED
             for g in range(len(info.groups))
         )
-        # Admitted suffix blocks: block -> hash, and how many hold each hash;
-        # a prefix block cached under such a hash is marked _PARTNER, so
-        # that only those look for followers when freed.
-        self._admitted_hash: dict[int, Hashable] = {}
-        self._admitted_hashes: dict[Hashable, int] = {}
         #: Free blocks (the pool's free-queue interface; see below).
         self.num_free = n
         self._log: UndoLog | None = None
@@ -240,14 +226,9 @@ class ValuePolicy:
         # One block (a decode step's) without building and walking a list.
         blocks = [queues.take_one()] if n == 1 else queues.take(n)
         state = self._state
-        # A taken block starts over: no hash, never hit (only a cached block
-        # has a state: flags, and hits).
+        # A taken block starts over: no hash, never hit.
         for block in blocks:
-            value = state[block]
-            if value:
-                if value & _LISTED:
-                    self._unlist(block)
-                state[block] = 0
+            state[block] = 0
         return blocks
 
     def release(self, blocks: Sequence[int]) -> None:
@@ -276,22 +257,23 @@ class ValuePolicy:
     def _build_class_table(self, depth_level: int) -> bytearray:
         """:meth:`_class_table`, built once per depth level."""
         table = self._class_tables[depth_level] = self._class_table(depth_level)
-        # A block that may lead others but has none free: its class as a
-        # plain cached block with its hits.
+        # The class of a valued block by its hits alone: that of a block
+        # marked PLACE or JOIN, once its place is settled.
         self._lead_tables[depth_level] = bytes(
-            table[state & _HIT_BITS | _CACHED] for state in range(256)
+            self._valued_class(state // _HIT, depth_level) for state in range(256)
         )
         return table
 
     def _class_table(self, depth_level: int) -> bytearray:
         """The class of a freed block by its state byte, for a chain of ``depth_level``.
 
-        Kept blocks whose place depends on the blocks at their position are
-        marked: a prefix block other suffix blocks may follow with
-        :data:`PLACE` (it leads them: :meth:`CreditQueues.release_table`, or
-        :meth:`_linked_class` on the protocol path), a kept suffix block
-        with :data:`JOIN` plus its class (it joins a free prefix block under
-        its hash, see :meth:`CreditQueues.release_table`).
+        When suffix blocks follow prefix blocks, a cached block's place
+        depends on the blocks at its position: a prefix block is marked
+        :data:`PLACE` (it leads the kept suffix blocks under its hash that
+        are free), a kept suffix block :data:`JOIN` plus its class (it joins
+        a free prefix block under its hash); see
+        :meth:`CreditQueues.release_table`, or :meth:`_linked_class` on the
+        protocol path.
         """
         table = bytearray(256)
         for count in range(MAX_HITS + 1):
@@ -301,12 +283,10 @@ class ValuePolicy:
                     klass = WORTHLESS
                 elif not self.follow:
                     klass = valued
-                elif flag & _PARTNER:
-                    klass = PLACE
                 elif flag & _SUFFIX:
                     klass = JOIN | valued
                 else:
-                    klass = valued
+                    klass = PLACE
                 table[count * _HIT | flag] = klass
         return table
 
@@ -338,11 +318,9 @@ class ValuePolicy:
         blocks under one hash end at the same token.
         """
         flag = self._state[block]
-        klass = self._class_tables[depth_level][flag & _HIT_BITS | _CACHED]  # type: ignore[index]
-        if not (self.follow and flag & (_SUFFIX | _PARTNER)):
-            return klass
+        klass = self._lead_tables[depth_level][flag]  # type: ignore[index]
         # Partner lookups straight in the pool's maps: this runs for every
-        # prefix block kept suffix blocks may follow.
+        # kept block freed while suffix blocks follow prefix blocks.
         pool = self._pool
         assert pool is not None  # follow needs it
         block_hash = pool._hash[block]
@@ -352,19 +330,19 @@ class ValuePolicy:
             if anchor is not None:
                 queues.push_after(block, anchor)
                 return PLACE
-        if flag & _PARTNER:
-            class_of = queues._class
-            followers = [
-                partner
-                for cached in self._follow_maps
-                if (partner := cached.get(block_hash)) is not None
-                and WORTHLESS < class_of[partner] < NOT_FREE
-            ]
-            if followers:
-                queues.push(block, klass)
-                for partner in followers:
-                    queues.move(partner, klass)
-                return PLACE
+            return klass
+        class_of = queues._class
+        followers = [
+            partner
+            for cached in self._follow_maps
+            if (partner := cached.get(block_hash)) is not None
+            and WORTHLESS < class_of[partner] < NOT_FREE
+        ]
+        if followers:
+            queues.push(block, klass)
+            for partner in followers:
+                queues.move(partner, klass)
+            return PLACE
         return klass
 
     def revive(self, block: int) -> None:
@@ -374,27 +352,20 @@ class ValuePolicy:
     def hit(self, blocks: Sequence[int]) -> None:
         """Count the hit on every adopted block."""
         state = self._state
-        follow = self.follow
         for block in blocks:
             if block:
                 value = state[block]
                 if value < _HIT_BITS:  # the count is not saturated
+                    # (A suffix block read by a hit is valued from now on.)
                     state[block] = value + _HIT
-                    # A suffix block read by a hit is valued from now on.
-                    if follow and value & (_SUFFIX | _LISTED) == _SUFFIX:
-                        self._list(block, self._pool._hash[block])  # type: ignore[union-attr]
 
     def forget(self, blocks: Sequence[int] | None) -> None:
         """Blocks without a hash are worthless; free ones move to the front."""
         if blocks is None:
             self._state = bytearray(len(self._state))
-            self._admitted_hash.clear()
-            self._admitted_hashes.clear()
             return
         queues = self._queues
         for block in blocks:
-            if self._state[block] & _LISTED:
-                self._unlist(block)
             self._state[block] = 0
             if queues.class_of(block) not in (WORTHLESS, NOT_FREE):
                 queues.move(block, WORTHLESS)
@@ -435,29 +406,16 @@ class ValuePolicy:
             # and its flags depend only on the group.
             block = blocks[start]
             if block:
-                flag = self._decode_flags[group]
-                if flag & _PARTNER and block_hashes[start] not in self._admitted_hashes:
-                    flag = _CACHED
-                flags[block] = flag
+                flags[block] = self._decode_flags[group]
             return
         if not suffix:
             for block in blocks[start:stop]:
                 flags[block] = _CACHED
-            admitted_hashes = self._admitted_hashes
-            if self.follow and admitted_hashes and group in self._prefix_groups:
-                # The membership tests run in C; few blocks pass.
-                listed = map(admitted_hashes.__contains__, block_hashes[start:stop])
-                for index in compress(range(start, stop), listed):
-                    flags[blocks[index]] = _CACHED | _PARTNER
         else:
             for block in blocks[start:stop]:
                 flags[block] = _CACHED | _SUFFIX
             for index in self._admitted_indices(group, start, stop, num_prompt_tokens):
-                block = blocks[index]
-                if block:
-                    flags[block] = _CACHED | _SUFFIX | _ADMITTED
-                    if self.follow:
-                        self._list(block, block_hashes[index])
+                flags[blocks[index]] = _CACHED | _SUFFIX | _ADMITTED
         # Null blocks in the range are not cached; the null block is never
         # released or taken, but keep its state clean.
         flags[0] = 0
@@ -519,9 +477,16 @@ class ValuePolicy:
             # A window moving on by a block, the most frequent release: one
             # block only this table holds goes to the tail of its class.
             block = table[0]
-            depth_level = self._table_depth_level(ref, table) if self._depth_levels > 1 else 0
+            state = self._state[block]
+            # Only a cached prefix block has a chain depth (a window's block
+            # has none).
+            depth_level = (
+                min((self._end[block] // DEPTH_SCALE).bit_length(), self._depth_levels - 1)
+                if self._depth_levels > 1 and state & (_CACHED | _SUFFIX) == _CACHED
+                else 0
+            )
             classes = self._class_tables[depth_level] or self._build_class_table(depth_level)
-            klass = classes[self._state[block]]
+            klass = classes[state]
             # A window's kept block joins its prefix block if that is free,
             # else it is queued like any other.
             if (
@@ -711,33 +676,6 @@ class ValuePolicy:
                         (self._end[block] // DEPTH_SCALE).bit_length(), self._depth_levels - 1
                     )
         return 0
-
-    def _list(self, block: int, block_hash: Hashable) -> None:
-        """List valued suffix ``block`` and mark the prefix block it may follow."""
-        self._state[block] |= _LISTED
-        self._admitted_hash[block] = block_hash
-        hashes = self._admitted_hashes
-        hashes[block_hash] = hashes.get(block_hash, 0) + 1
-        pool = self._pool
-        assert pool is not None  # follow needs it
-        flags = self._state
-        # pool.cached_blocks for each prefix group, read straight from its maps.
-        for group, cached in zip(self._prefix_groups, self._join_maps, strict=True):
-            first = cached.get(block_hash)
-            if first is not None:
-                flags[first] |= _PARTNER
-                for partner in pool._dups[group].get(block_hash, ()):
-                    flags[partner] |= _PARTNER
-
-    def _unlist(self, block: int) -> None:
-        """Listed suffix ``block`` loses its hash (taken or forgotten)."""
-        block_hash = self._admitted_hash.pop(block)
-        hashes = self._admitted_hashes
-        left = hashes[block_hash] - 1
-        if left:
-            hashes[block_hash] = left
-        else:
-            del hashes[block_hash]
 
 
 def admit_policy(info: PoolInfo) -> ValuePolicy:
