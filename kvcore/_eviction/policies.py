@@ -386,28 +386,27 @@ class ValuePolicy:
         its chain ends at) are written here.
         """
         size = self._block_sizes[group]
+        if stop - start == 1 and start * size >= num_prompt_tokens:
+            # One block past the prompt (a decode step's): never admitted,
+            # and its flags depend only on the group.
+            block = blocks[start]
+            if block:
+                flag = self._state[block] = self._decode_flags[group]
+                if self._depth_levels > 1 and flag == _CACHED:
+                    self._end[block] = stop * size  # a prefix block: its chain end
+            return
         flags = self._state
         suffix = self.admission and group in self._suffix_groups
         if self._depth_levels > 1 and not suffix:
             # Only a prefix block's chain end is read (flagged _SUFFIX, a
             # kept window or state block never counts as a chain's depth).
             end = self._end
-            if stop - start == 1:
-                end[blocks[start]] = stop * size
-            else:
-                for block, chain_end in zip(
-                    blocks[start:stop],
-                    range((start + 1) * size, (stop + 1) * size, size),
-                    strict=True,
-                ):
-                    end[block] = chain_end
-        if stop - start == 1 and start * size >= num_prompt_tokens:
-            # One block past the prompt (a decode step's): never admitted,
-            # and its flags depend only on the group.
-            block = blocks[start]
-            if block:
-                flags[block] = self._decode_flags[group]
-            return
+            for block, chain_end in zip(
+                blocks[start:stop],
+                range((start + 1) * size, (stop + 1) * size, size),
+                strict=True,
+            ):
+                end[block] = chain_end
         if not suffix:
             for block in blocks[start:stop]:
                 flags[block] = _CACHED
