@@ -27,15 +27,18 @@ from __future__ import annotations
 from array import array
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 
-__all__ = ["JOIN", "NOT_FREE", "PLACE", "WORTHLESS", "CreditQueues"]
+__all__ = ["JOIN", "LEAD", "NOT_FREE", "PLACE", "WORTHLESS", "CreditQueues"]
 
 #: Class of a block that is not free.
 NOT_FREE = 255
 #: Class of free blocks that are taken before any valued one.
 WORTHLESS = 0
-#: Not a class: a class table's mark for a block others may follow (see
-#: :meth:`CreditQueues.release_table`).
+#: Not a class: what a policy's placing of a block returns when it queued
+#: the block itself.
 PLACE = 254
+#: Added to a class in a class table: the block leads the free blocks under
+#: its hash in other groups (see :meth:`CreditQueues.release_table`).
+LEAD = 64
 #: Added to a class in a class table: the block joins a free partner if it has one.
 JOIN = 128
 
@@ -258,24 +261,23 @@ class CreditQueues:
         state: bytes | bytearray,
         hash_of: Sequence[Hashable | None] = (),
         join_maps: Sequence[Mapping[Hashable, int]] = (),
-        lead: bytes | bytearray = b"",
         follow_maps: Sequence[Mapping[Hashable, int]] = (),
     ) -> list[int]:
         """Drop one count in ``ref`` per block of ``table``, last first; queue the blocks at 0.
 
         A block reaching 0 goes to the tail of class ``classes[state[b]]``
         (``state``: the policy's byte per block), in that turn, with two
-        kinds of entries that place a block by the blocks cached under its
-        hash (``hash_of[block]``) in other groups:
+        kinds of entries (classes are below :data:`LEAD`) that place a block
+        by the blocks cached under its hash (``hash_of[block]``) in other
+        groups:
 
+        - :data:`LEAD` plus a class ``k``: the block goes to class ``k``, and
+          each block under its hash in ``follow_maps`` that is free in a
+          valued class moves right behind it (as :meth:`move` would: same
+          class and deadline, the clock not advanced);
         - :data:`JOIN` plus a class ``k``: the block goes right behind the
           first block under its hash in ``join_maps`` that is free in a
-          valued class (same class and deadline), or else to class ``k``;
-        - :data:`PLACE`: the block *leads*. It goes to class
-          ``lead[state[b]]``, and each block under its hash in
-          ``follow_maps`` that is free in a valued class moves right behind
-          it (as :meth:`move` would: same class and deadline, the clock not
-          advanced).
+          valued class (same class and deadline), or else to class ``k``.
 
         One pass: the fused form of a policy's release of a freed block table.
 
@@ -294,9 +296,8 @@ class CreditQueues:
         nxt = self._next
         prv = self._prev
         free_anchor = self.free_anchor
-        # The usual shape: one group of suffix blocks that may follow.
+        # The usual shape: one group of blocks that may follow.
         follow_one = follow_maps[0].get if len(follow_maps) == 1 else None
-        follower: int | None = None
         released: list[int] = []
         remaining = reversed(table)
         block: int | None = next(remaining)
@@ -307,28 +308,25 @@ class CreditQueues:
                 block = next(remaining, None)
                 continue
             released.append(block)
-            klass = classes[state[block]]
-            leads = False
+            entry = klass = classes[state[block]]
             if klass >= JOIN:
-                if klass == PLACE:
-                    klass = lead[state[block]]
-                    leads = True
-                else:
-                    klass -= JOIN
-                    anchor = free_anchor(hash_of[block], join_maps)
-                    if anchor is not None:
-                        # The queues are consistent here: every run is
-                        # closed as it ends.
-                        self.push_after(block, anchor)
-                        block = next(remaining, None)
-                        continue
+                klass -= JOIN
+                anchor = free_anchor(hash_of[block], join_maps)
+                if anchor is not None:
+                    # The queues are consistent here: every run is closed as
+                    # it ends.
+                    self.push_after(block, anchor)
+                    block = next(remaining, None)
+                    continue
+            elif klass >= LEAD:
+                klass -= LEAD
             # Queue ``block``, then the run of blocks after it that only this
-            # table holds and that go to the same class (the common shapes:
-            # a window's blocks once the prompt is computed, all worthless; a
-            # request's own decode blocks, all in the first valued class),
-            # with no per-block dispatch. The run is closed (its last block
-            # linked to the sentinel) before anything else looks at the
-            # queues; the block that ends it goes round again.
+            # table holds and that have the same entry (the common shapes: a
+            # window's blocks once the prompt is computed, all worthless; a
+            # request's prefix, leading blocks of one class), with no
+            # per-block dispatch. The run is closed (its last block linked to
+            # the sentinel) before anything else looks at the queues; the
+            # block that ends it goes round again.
             sentinel = sentinels[klass]
             tail = prv[sentinel]
             nxt[tail] = block
@@ -348,36 +346,57 @@ class CreditQueues:
                     tail = block
                 else:
                     block = None
+            elif LEAD <= entry < JOIN:
+                credit = credits[klass]
+                clock += 1
+                deadline[block] = clock + credit
+                tail = self._lead(block, tail, klass, clock + credit, hash_of, follow_maps)
+                for block in remaining:
+                    if ref[block] != 1 or classes[state[block]] != entry:
+                        break
+                    ref[block] = 0
+                    released.append(block)
+                    clock += 1
+                    due = deadline[block] = clock + credit
+                    class_of[block] = klass
+                    nxt[tail] = block
+                    prv[block] = tail
+                    tail = block
+                    if follow_one is None:
+                        tail = self._lead(block, tail, klass, due, hash_of, follow_maps)
+                        continue
+                    follower = follow_one(hash_of[block])
+                    if follower is not None and WORTHLESS < class_of[follower] < NOT_FREE:
+                        # _lead with the one follower known: it leaves its
+                        # place (closed links: a free block never follows the
+                        # open run's tail) and comes right behind its leader.
+                        before = prv[follower]
+                        after = nxt[follower]
+                        nxt[before] = after
+                        prv[after] = before
+                        nxt[tail] = follower
+                        prv[follower] = tail
+                        deadline[follower] = due
+                        class_of[follower] = klass
+                        tail = follower
+                else:
+                    block = None
             else:
                 credit = credits[klass]
                 clock += 1
-                due = deadline[block] = clock + credit
-                if leads:
-                    tail = self._lead(block, tail, klass, due, hash_of, follow_maps)
-                joins_class = JOIN | klass
+                deadline[block] = clock + credit
+                joins_entry = JOIN | klass
                 for block in remaining:
                     if ref[block] != 1:
                         break
                     entry = classes[state[block]]
-                    if entry != klass:
-                        # A joining block with no free partner stays in the
-                        # run (the usual case: a window's kept blocks freed
-                        # while their request holds its prefix), and so does
-                        # a leading block of the run's class.
-                        if entry == PLACE:
-                            if lead[state[block]] != klass:
-                                break
-                            if follow_one is None:
-                                leads = free_anchor(hash_of[block], follow_maps) is not None
-                            else:
-                                partner = follow_one(hash_of[block])
-                                if partner is not None and WORTHLESS < class_of[partner] < NOT_FREE:
-                                    # Linked below, right behind its leader.
-                                    follower = partner
-                        elif entry != joins_class or (
-                            free_anchor(hash_of[block], join_maps) is not None
-                        ):
-                            break
+                    # A joining block with no free partner stays in the run
+                    # (the usual case: a window's kept blocks freed while
+                    # their request holds its prefix).
+                    if entry != klass and (
+                        entry != joins_entry or free_anchor(hash_of[block], join_maps) is not None
+                    ):
+                        break
                     ref[block] = 0
                     released.append(block)
                     clock += 1
@@ -386,21 +405,6 @@ class CreditQueues:
                     nxt[tail] = block
                     prv[block] = tail
                     tail = block
-                    if follower is not None:
-                        # _lead with the one follower known.
-                        before = prv[follower]
-                        after = nxt[follower]
-                        nxt[before] = after
-                        prv[after] = before
-                        nxt[tail] = follower
-                        prv[follower] = tail
-                        deadline[follower] = clock + credit
-                        class_of[follower] = klass
-                        tail = follower
-                        follower = None
-                    elif leads:
-                        tail = self._lead(block, tail, klass, clock + credit, hash_of, follow_maps)
-                        leads = False
                 else:
                     block = None
             nxt[tail] = sentinel

@@ -64,7 +64,7 @@ from array import array
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
-from kvcore._eviction.credit import JOIN, NOT_FREE, PLACE, WORTHLESS, CreditQueues
+from kvcore._eviction.credit import JOIN, LEAD, NOT_FREE, PLACE, WORTHLESS, CreditQueues
 from kvcore.errors import OutOfBlocksError
 from kvcore.eviction import PoolInfo
 
@@ -127,7 +127,6 @@ class ValuePolicy:
         "_hit_levels",
         "_interval",
         "_join_maps",
-        "_lead_tables",
         "_log",
         "_pool",
         "_prefix_groups",
@@ -161,11 +160,11 @@ class ValuePolicy:
         self._hit_levels = len(hit_credits)
         self._depth_levels = 6 if depth_credit else 1
         self._class_tables: list[bytearray | None] = [None] * self._depth_levels
-        self._lead_tables: list[bytes | None] = [None] * self._depth_levels
         # Class 1 + hit level × depth levels + depth level; class tables
-        # mark some entries with JOIN plus a class, so classes stay below it.
-        if len(hit_credits) * self._depth_levels >= JOIN:
-            msg = f"at most {JOIN - 1} credit classes, got {len(hit_credits) * self._depth_levels}"
+        # mark some entries with LEAD or JOIN plus a class, so classes stay
+        # below LEAD.
+        if len(hit_credits) * self._depth_levels >= LEAD:
+            msg = f"at most {LEAD - 1} credit classes, got {len(hit_credits) * self._depth_levels}"
             raise ValueError(msg)
         self._queues = CreditQueues(
             n,
@@ -237,7 +236,7 @@ class ValuePolicy:
         depth_level = self._chain_depth_level(blocks) if self._depth_levels > 1 else 0
         table = self._class_tables[depth_level] or self._build_class_table(depth_level)
         classes = [table[state[block]] for block in blocks]
-        if max(classes, default=WORTHLESS) < JOIN:
+        if max(classes, default=WORTHLESS) < LEAD:
             self._queues.push_all(blocks, classes)
             return
         # A block whose place depends on other blocks (a suffix block joining
@@ -245,7 +244,7 @@ class ValuePolicy:
         # alone, after everything before it.
         start = 0
         for index, klass in enumerate(classes):
-            if klass >= JOIN:
+            if klass >= LEAD:
                 if start < index:
                     self._queues.push_all(blocks[start:index], classes[start:index])
                 block = blocks[index]
@@ -257,11 +256,6 @@ class ValuePolicy:
     def _build_class_table(self, depth_level: int) -> bytearray:
         """:meth:`_class_table`, built once per depth level."""
         table = self._class_tables[depth_level] = self._class_table(depth_level)
-        # The class of a valued block by its hits alone: that of a block
-        # marked PLACE or JOIN, once its place is settled.
-        self._lead_tables[depth_level] = bytes(
-            self._valued_class(state // _HIT, depth_level) for state in range(256)
-        )
         return table
 
     def _class_table(self, depth_level: int) -> bytearray:
@@ -269,9 +263,9 @@ class ValuePolicy:
 
         When suffix blocks follow prefix blocks, a cached block's place
         depends on the blocks at its position: a prefix block is marked
-        :data:`PLACE` (it leads the kept suffix blocks under its hash that
-        are free), a kept suffix block :data:`JOIN` plus its class (it joins
-        a free prefix block under its hash); see
+        :data:`LEAD` plus its class (it leads the kept suffix blocks under
+        its hash that are free), a kept suffix block :data:`JOIN` plus its
+        class (it joins a free prefix block under its hash); see
         :meth:`CreditQueues.release_table`, or :meth:`_linked_class` on the
         protocol path.
         """
@@ -286,7 +280,7 @@ class ValuePolicy:
                 elif flag & _SUFFIX:
                     klass = JOIN | valued
                 else:
-                    klass = PLACE
+                    klass = LEAD | valued
                 table[count * _HIT | flag] = klass
         return table
 
@@ -318,7 +312,7 @@ class ValuePolicy:
         blocks under one hash end at the same token.
         """
         flag = self._state[block]
-        klass = self._lead_tables[depth_level][flag]  # type: ignore[index]
+        klass = self._valued_class(flag // _HIT, depth_level)
         # Partner lookups straight in the pool's maps: this runs for every
         # kept block freed while suffix blocks follow prefix blocks.
         pool = self._pool
@@ -489,11 +483,11 @@ class ValuePolicy:
             # A window's kept block joins its prefix block if that is free,
             # else it is queued like any other.
             if (
-                JOIN <= klass < PLACE
+                klass >= JOIN
                 and self._queues.free_anchor(self._pool._hash[block], self._join_maps) is None  # type: ignore[union-attr]
             ):
                 klass -= JOIN
-            if klass < JOIN:
+            if klass < LEAD:
                 ref[block] = 0
                 self._queues.push(block, klass)
                 self.num_free += 1
@@ -512,7 +506,6 @@ class ValuePolicy:
             self._state,
             self._pool._hash if join_maps else (),  # type: ignore[union-attr]
             join_maps,
-            self._lead_tables[depth_level],  # type: ignore[arg-type]
             self._follow_maps,
         )
         self.num_free += len(released)
