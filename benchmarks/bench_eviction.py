@@ -13,9 +13,12 @@ the optimum reaches the unbounded-cache ceiling):
 Each cell also has the workload's unbounded-cache ceiling. Then a timing
 phase replays one workload per model with every online policy in
 ``--repeats`` order-rotated rounds and reports the median manager time per
-decode call and per step (with the spread and the load average) against
-LRU. Within a round the policies' replays run in lockstep, 32 scheduler
-steps each in turn, so that they all see the same machine load.
+decode call, per decode step (a step in which every scheduled request
+decoded one token: no admission, no prefill chunk; its frees and
+preemptions included) and per step of any kind (with the spread and the
+load average) against LRU. Within a round the policies' replays run in
+lockstep, 32 scheduler steps each in turn, so that they all see the same
+machine load.
 
 Run (from the repository root)::
 
@@ -390,7 +393,7 @@ def run_timing(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for title, trace, limit, model, memory, max_model_len in TIMINGS:
         workload = load_workload(str(trace) if trace else None, limit=limit)
-        runs: dict[str, list[tuple[float, float]]] = {policy: [] for policy in ONLINE}
+        runs: dict[str, list[tuple[float, float, float]]] = {policy: [] for policy in ONLINE}
         load_before = os.getloadavg()[0]
         for round_index in range(args.repeats):
             shift = round_index % len(ONLINE)
@@ -406,43 +409,38 @@ def run_timing(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for policy in order
             ]
             for policy, report in zip(order, replay_in_lockstep(workload, options), strict=True):
+                manager = report.manager
                 runs[policy].append(
-                    (report.manager.ops["decode"].mean_us, report.manager.per_step_mean_us)
+                    (
+                        manager.ops["decode"].mean_us,
+                        manager.per_decode_step_mean_us,
+                        manager.per_step_mean_us,
+                    )
                 )
         load = (load_before + os.getloadavg()[0]) / 2
-        medians = {
-            policy: (
-                statistics.median(decode for decode, _ in runs[policy]),
-                statistics.median(step for _, step in runs[policy]),
-            )
-            for policy in ONLINE
-        }
+        # Per policy, per figure (decode call, decode step, step): the
+        # median over the rounds, and the lowest and highest.
+        figures = ("decode", "decode_step", "step")
         for policy in ONLINE:
-            decode, step = medians[policy]
-            rows.append(
-                {
-                    "workload": title,
-                    "policy": policy,
-                    "load": load,
-                    "rounds": args.repeats,
-                    "decode_us": decode,
-                    "decode_range": (
-                        min(d for d, _ in runs[policy]),
-                        max(d for d, _ in runs[policy]),
-                    ),
-                    "step_us": step,
-                    "step_range": (
-                        min(s for _, s in runs[policy]),
-                        max(s for _, s in runs[policy]),
-                    ),
-                    "decode_vs_lru": decode / medians["lru"][0],
-                    "step_vs_lru": step / medians["lru"][1],
-                }
-            )
+            row: dict[str, Any] = {
+                "workload": title,
+                "policy": policy,
+                "load": load,
+                "rounds": args.repeats,
+            }
+            for index, figure in enumerate(figures):
+                values = [run[index] for run in runs[policy]]
+                lru = statistics.median(run[index] for run in runs["lru"])
+                median = statistics.median(values)
+                row[f"{figure}_us"] = median
+                row[f"{figure}_range"] = (min(values), max(values))
+                row[f"{figure}_vs_lru"] = median / lru
+            rows.append(row)
             print(
-                f"  {title}: {policy:<9} decode {decode:6.2f} µs "
-                f"({decode / medians['lru'][0]:.2f}x lru), step {step:7.1f} µs "
-                f"({step / medians['lru'][1]:.2f}x lru), load {load:.1f}",
+                f"  {title}: {policy:<9} decode call {row['decode_us']:6.2f} µs "
+                f"({row['decode_vs_lru']:.2f}x lru), decode step {row['decode_step_us']:7.1f} µs "
+                f"({row['decode_step_vs_lru']:.2f}x lru), step {row['step_us']:7.1f} µs "
+                f"({row['step_vs_lru']:.2f}x lru), load {load:.1f}",
                 flush=True,
             )
     return rows
@@ -459,17 +457,22 @@ def timing_rst(rows: Sequence[dict[str, Any]]) -> str:
         "     - policy",
         "     - decode call (µs)",
         "     - vs lru",
-        "     - per step (µs)",
+        "     - decode step (µs)",
+        "     - vs lru",
+        "     - any step (µs)",
         "     - vs lru",
     ]
     for row in rows:
         low, high = row["decode_range"]
+        decode_step_low, decode_step_high = row["decode_step_range"]
         step_low, step_high = row["step_range"]
         out += [
             f"   * - {row['workload']} ({row['load']:.1f})",
             f"     - {row['policy']}",
             f"     - {row['decode_us']:.2f} ({low:.2f}–{high:.2f})",
             f"     - {row['decode_vs_lru']:.2f}",
+            f"     - {row['decode_step_us']:.1f} ({decode_step_low:.0f}–{decode_step_high:.0f})",
+            f"     - {row['decode_step_vs_lru']:.2f}",
             f"     - {row['step_us']:.1f} ({step_low:.0f}–{step_high:.0f})",
             f"     - {row['step_vs_lru']:.2f}",
         ]

@@ -269,6 +269,10 @@ class ManagerTime:
         per_step_mean_us: Mean per step.
         per_step_p50_us: Median per step.
         per_step_p99_us: 99th percentile per step.
+        decode_steps: Steps in which every scheduled request decoded one
+            token (no admission, no prefill chunk): an engine's decode steps,
+            with the frees and preemptions they brought.
+        per_decode_step_mean_us: Mean per decode step (0 without any).
         ops: Per kind of call (``lookup``, ``admit``, ``prefill``, ``decode``,
             ``free``, ``preempt``), in that order.
     """
@@ -277,6 +281,8 @@ class ManagerTime:
     per_step_mean_us: float
     per_step_p50_us: float
     per_step_p99_us: float
+    decode_steps: int
+    per_decode_step_mean_us: float
     ops: Mapping[str, OpSummary]
 
 
@@ -452,6 +458,8 @@ def format_report(report: SimulationReport) -> str:
         f"  manager      {mgr.total_s:.3f} s in kvcore; per step p50 "
         f"{mgr.per_step_p50_us:.1f} µs, p99 {mgr.per_step_p99_us:.1f} µs, "
         f"mean {mgr.per_step_mean_us:.1f} µs",
+        f"               per decode step mean {mgr.per_decode_step_mean_us:.1f} µs "
+        f"({mgr.decode_steps:,} steps that only decoded)",
     ]
     for kind, op in mgr.ops.items():
         if op.count:

@@ -193,6 +193,10 @@ class Scheduler:
         self.sum_used_blocks = 0
         self.sum_running = 0
         self.prefill_steps = 0
+        # Steps in which every scheduled request decoded one token (no
+        # admission, no prefill chunk), and the manager time they took.
+        self.decode_steps = 0
+        self.decode_step_ns = 0
         self.scheduled_tokens = 0
         self._next_token = -1
         if config.arrival == "asap":
@@ -232,6 +236,7 @@ class Scheduler:
         scheduled: list[tuple[SimRequest, int]] = []
         step_ns = 0
         preempted = False
+        only_decodes = True
         index = 0
         while index < len(running) and budget > 0:
             entry = running[index]
@@ -239,6 +244,8 @@ class Scheduler:
             assert request is not None
             num_new = request.num_tokens - request.num_computed_tokens
             kind = _DECODE if num_new == 1 and entry.num_output else _PREFILL
+            if kind != _DECODE:
+                only_decodes = False
             if num_new > budget:
                 num_new = budget
             while True:
@@ -289,6 +296,7 @@ class Scheduler:
                     break
                 waiting.popleft()
                 running.append(entry)
+                only_decodes = False
                 request.num_computed_tokens = num_hit
                 if entry.first_hit is None:
                     entry.first_hit = num_hit
@@ -346,6 +354,9 @@ class Scheduler:
             self.num_finished += sum(1 for e, _ in scheduled if e.finished)
         self.step_count += 1
         self.step_manager_ns.append(step_ns)
+        if only_decodes:
+            self.decode_steps += 1
+            self.decode_step_ns += step_ns
         self.scheduled_tokens += num_tokens
         self.prefill_steps += has_prefill
         config = self.config

@@ -345,6 +345,12 @@ def simulate(
             per_step_mean_us=manager_ns / steps / 1e3 if steps else 0.0,
             per_step_p50_us=percentile(per_step, 0.50) / 1e3,
             per_step_p99_us=percentile(per_step, 0.99) / 1e3,
+            decode_steps=scheduler.decode_steps,
+            per_decode_step_mean_us=(
+                scheduler.decode_step_ns / scheduler.decode_steps / 1e3
+                if scheduler.decode_steps
+                else 0.0
+            ),
             ops={kind: t.summary() for kind, t in zip(OP_KINDS, scheduler.op_times, strict=True)},
         ),
         timing=Timing(

@@ -101,6 +101,29 @@ def test_one_decode_token_per_running_request_per_step():
     assert calls[3:] == [("r0", 1, 0), ("r1", 1, 0), ("r2", 1, 0)]
 
 
+def test_decode_steps_are_the_steps_that_only_decoded():
+    """Two seats; r0 (4 outputs), r1 (2), r2 (1), 20-token prompts.
+
+    * step 1: r0 and r1 prefill (first outputs);
+    * step 2: both decode, r1 finishes and is freed: a decode step;
+    * step 3: r0 decodes and r2 is admitted into r1's seat: not one;
+    * step 4: r0 decodes its last token and is freed: a decode step.
+    """
+    requests = [
+        explicit("r0", range(20), 4),
+        explicit("r1", range(100, 120), 2),
+        explicit("r2", range(200, 220), 1),
+    ]
+    scheduler = make_scheduler(
+        full_manager(num_blocks=50), requests, arrival="asap", max_num_seqs=2
+    )
+    scheduler.run()
+    assert scheduler.step_count == 4
+    assert scheduler.decode_steps == 2
+    step_ns = scheduler.step_manager_ns
+    assert scheduler.decode_step_ns == step_ns[1] + step_ns[3]
+
+
 def test_max_num_seqs_limits_admission():
     requests = [explicit(f"r{i}", range(i * 100, i * 100 + 20), 3) for i in range(5)]
     scheduler = make_scheduler(
