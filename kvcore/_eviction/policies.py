@@ -111,8 +111,9 @@ class ValuePolicy:
         checkpoint_share: See the module documentation (0: no checkpoints).
         admission: Apply the admission rule to suffix groups (``False``:
             their blocks are kept like any other).
-        follow: Requeue admitted suffix blocks behind the prefix block of
-            the same position.
+        follow: Requeue kept suffix blocks behind the prefix block of the
+            same position (only with ``admission``: without it no suffix
+            block is told apart).
     """
 
     __slots__ = (
