@@ -365,20 +365,11 @@ class CreditQueues:
                     if follow_one is None:
                         tail = self._lead(block, tail, klass, due, hash_of, follow_maps)
                         continue
+                    # _lead for the one group that may follow, its lookup
+                    # inline: it runs for every block of the run.
                     follower = follow_one(hash_of[block])
                     if follower is not None and WORTHLESS < class_of[follower] < NOT_FREE:
-                        # _lead with the one follower known: it leaves its
-                        # place (closed links: a free block never follows the
-                        # open run's tail) and comes right behind its leader.
-                        before = prv[follower]
-                        after = nxt[follower]
-                        nxt[before] = after
-                        prv[after] = before
-                        nxt[tail] = follower
-                        prv[follower] = tail
-                        deadline[follower] = due
-                        class_of[follower] = klass
-                        tail = follower
+                        tail = self._follow(follower, tail, klass, due)
                 else:
                     block = None
             else:
@@ -424,28 +415,35 @@ class CreditQueues:
         """Move the free followers of ``block`` (the open run's ``tail``) behind it; the new tail.
 
         Each block under ``block``'s hash in ``follow_maps`` that is free in
-        a valued class leaves its place and is linked after the tail of the
-        open run, in class ``klass`` with deadline ``due`` (``block``'s).
-        Unlinking it reads only closed links: a free block never follows
-        the open run's tail.
+        a valued class moves behind the open run's tail (:meth:`_follow`),
+        in class ``klass`` with deadline ``due`` (``block``'s).
         """
         block_hash = hash_of[block]
         class_of = self._class
-        nxt = self._next
-        prv = self._prev
         for cached in follow_maps:
             partner = cached.get(block_hash)
             if partner is not None and WORTHLESS < class_of[partner] < NOT_FREE:
-                before = prv[partner]
-                after = nxt[partner]
-                nxt[before] = after
-                prv[after] = before
-                nxt[tail] = partner
-                prv[partner] = tail
-                self._deadline[partner] = due
-                class_of[partner] = klass
-                tail = partner
+                tail = self._follow(partner, tail, klass, due)
         return tail
+
+    def _follow(self, block: int, tail: int, klass: int, due: int) -> int:
+        """Move free ``block`` from its place to behind ``tail``, the open run's tail; return it.
+
+        It takes class ``klass`` and deadline ``due`` (its leader's).
+        Unlinking it reads only closed links: a free block never follows
+        the open run's tail.
+        """
+        nxt = self._next
+        prv = self._prev
+        before = prv[block]
+        after = nxt[block]
+        nxt[before] = after
+        prv[after] = before
+        nxt[tail] = block
+        prv[block] = tail
+        self._deadline[block] = due
+        self._class[block] = klass
+        return block
 
     def free_anchor(
         self, block_hash: Hashable | None, maps: Sequence[Mapping[Hashable, int]]

@@ -475,7 +475,7 @@ class ValuePolicy:
             # Only a cached prefix block has a chain depth (a window's block
             # has none).
             depth_level = (
-                min((self._end[block] // DEPTH_SCALE).bit_length(), self._depth_levels - 1)
+                self._depth_level(self._end[block])
                 if self._depth_levels > 1 and state & (_CACHED | _SUFFIX) == _CACHED
                 else 0
             )
@@ -647,7 +647,11 @@ class ValuePolicy:
         for block in blocks:
             if flags[block] & (_CACHED | _SUFFIX) == _CACHED and end[block] > deepest:
                 deepest = end[block]
-        return min((deepest // DEPTH_SCALE).bit_length(), self._depth_levels - 1)
+        return self._depth_level(deepest)
+
+    def _depth_level(self, chain_end: int) -> int:
+        """Log2 depth class of a chain ending at token ``chain_end``, capped at the last level."""
+        return min((chain_end // DEPTH_SCALE).bit_length(), self._depth_levels - 1)
 
     def _table_depth_level(self, ref: list[int], table: Sequence[int]) -> int:
         """:meth:`_chain_depth_level` of the blocks of ``table`` (token order) at count 1.
@@ -665,9 +669,7 @@ class ValuePolicy:
                 if flag & _SUFFIX:
                     return 0  # a suffix group's table: no prefix block in it
                 if ref[block] == 1:
-                    return min(
-                        (self._end[block] // DEPTH_SCALE).bit_length(), self._depth_levels - 1
-                    )
+                    return self._depth_level(self._end[block])
         return 0
 
 
