@@ -44,7 +44,13 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from kvcore._eviction import credit
 from kvcore._eviction.credit import JOIN, LEAD, NOT_FREE, WORTHLESS, CreditQueues
 from kvcore._free_queue import LRUFreeQueue
-from kvcore._sim import SchedulerConfig, SimulationOptions, load_workload, simulate
+from kvcore._sim import (
+    SchedulerConfig,
+    SimulationOptions,
+    SimulationReport,
+    load_workload,
+    simulate,
+)
 
 VARIANTS = ("lru", "release", "classify", "follow")
 Loop = Callable[..., None]
@@ -145,25 +151,27 @@ def install(variant: str, shadow: Shadow, durations: list[int]) -> None:
     credit.CreditQueues.release_table = timed_release  # type: ignore[method-assign]
 
 
-def replay(variant: str, policy: str, memory: str, limit: int) -> list[int]:
-    """One replay of the built-in workload timing ``variant``; the durations (ns)."""
+def replay(
+    variant: str, policy: str, memory: str, limit: int, max_model_len: int = 32768
+) -> tuple[list[int], SimulationReport]:
+    """One replay of the built-in workload timing ``variant``: the durations (ns) and its report."""
     durations: list[int] = []
     original = CreditQueues.release_table
     install(variant, Shadow(), durations)
     try:
-        simulate(
+        report = simulate(
             load_workload(None, limit=limit),
             SimulationOptions(
                 model="gpt-oss-20b",
                 memory=memory,
-                max_model_len=32768,
+                max_model_len=max_model_len,
                 eviction=policy,
                 scheduler=SchedulerConfig(),
             ),
         )
     finally:
         credit.CreditQueues.release_table = original  # type: ignore[method-assign]
-    return durations
+    return durations, report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -177,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     calls: dict[str, int] = {}
     for _ in range(args.rounds):
         for variant in VARIANTS:
-            durations = replay(variant, args.policy, args.memory, args.limit)
+            durations, _ = replay(variant, args.policy, args.memory, args.limit)
             means[variant].append(sum(durations) / len(durations) / 1e3)
             calls[variant] = len(durations)
     lru = statistics.median(means["lru"])

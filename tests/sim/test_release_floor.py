@@ -1,0 +1,89 @@
+"""The release-floor benchmark: its loops count like the release and change nothing they time."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcore._eviction.credit import CreditQueues
+from kvcore._sim import SchedulerConfig, SimulationOptions, load_workload, simulate
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+LIMIT = 60
+MEMORY = "1GiB"
+MAX_MODEL_LEN = 8192
+
+
+@pytest.fixture(scope="module")
+def floor():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "eviction_release_floor", BENCHMARKS / "eviction_release_floor.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
+
+
+@pytest.fixture(scope="module")
+def plain():
+    """The replay without any timing installed."""
+    return simulate(
+        load_workload(None, limit=LIMIT),
+        SimulationOptions(
+            model="gpt-oss-20b",
+            memory=MEMORY,
+            max_model_len=MAX_MODEL_LEN,
+            eviction="frequency",
+            scheduler=SchedulerConfig(),
+        ),
+    )
+
+
+@pytest.mark.parametrize("variant", ["lru", "release", "classify", "follow"])
+def test_a_timed_replay_takes_the_plain_replays_decisions(floor, plain, variant):
+    durations, report = floor.replay(variant, "frequency", MEMORY, LIMIT, MAX_MODEL_LEN)
+    assert plain.eviction.evicted_blocks > 0  # the pool is tight enough to evict
+    assert len(durations) > 0
+    assert report.prefix_cache.hit_tokens == plain.prefix_cache.hit_tokens
+    assert report.eviction.evicted_blocks == plain.eviction.evicted_blocks
+    assert report.preemptions == plain.preemptions
+    # The real release is put back.
+    assert CreditQueues.release_table.__name__ == "release_table"
+
+
+def test_classify_releases_the_blocks_the_release_does(floor, monkeypatch):
+    """Counted down on copies of the counts, the floor frees exactly the release's blocks."""
+    checked = []
+    real = CreditQueues.release_table
+
+    def compare(self, ref, table, classes, state, hash_of=(), join_maps=(), follow_maps=()):
+        counts = list(ref)
+        klass_of = bytearray(len(self._class))
+        lookup = follow_maps[0].get if len(follow_maps) == 1 else None
+        floor._classify(klass_of, counts, table, classes, state, hash_of, lookup)
+        released = real(self, ref, table, classes, state, hash_of, join_maps, follow_maps)
+        freed = [block for block in table if counts[block] == 0]
+        assert sorted(freed) == sorted(released)
+        assert [counts[block] for block in table] == [ref[block] for block in table]
+        checked.append(len(released))
+        return released
+
+    monkeypatch.setattr(CreditQueues, "release_table", compare)
+    simulate(
+        load_workload(None, limit=LIMIT),
+        SimulationOptions(
+            model="gpt-oss-20b",
+            memory=MEMORY,
+            max_model_len=MAX_MODEL_LEN,
+            eviction="frequency",
+            scheduler=SchedulerConfig(),
+        ),
+    )
+    assert sum(checked) > 100
