@@ -1,0 +1,50 @@
+"""The decode-step split benchmark: its parts add up to the simulator's own decode-step figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcore._sim import load_workload
+from kvcore._sim import scheduler as scheduler_module
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def decode_steps():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "eviction_decode_steps", BENCHMARKS / "eviction_decode_steps.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
+
+
+def test_the_split_adds_up_to_each_replays_decode_steps(decode_steps):
+    real_step = scheduler_module.Scheduler.step
+    policies = ("lru", "frequency")
+    splits, reports = decode_steps.measure(
+        load_workload(None, limit=40), policies, "2GiB", max_model_len=8192
+    )
+    assert scheduler_module.Scheduler.step is real_step  # put back
+    for policy in policies:
+        split = splits[policy]
+        manager = reports[policy].manager
+        assert reports[policy].eviction.policy == policy
+        assert split.steps == manager.decode_steps > 0
+        # Every decode step decoded, and only decode, free, lookup, admit
+        # and preempt calls can happen in one: no prefill.
+        assert split.calls["decode"] >= split.steps
+        assert split.calls["prefill"] == 0
+        # An admission tried in a decode step was refused: one lookup each.
+        assert split.calls["admit"] == split.calls["lookup"]
+        total_us = sum(split.ns.values()) / 1e3
+        assert total_us / split.steps == pytest.approx(manager.per_decode_step_mean_us)
