@@ -271,7 +271,8 @@ class ManagerTime:
         per_step_p99_us: 99th percentile per step.
         decode_steps: Steps in which every scheduled request decoded one
             token (no admission, no prefill chunk): an engine's decode steps,
-            with the frees and preemptions they brought.
+            with the frees, preemptions and refused admissions (a lookup,
+            then an ``allocate_slots`` that found no room) they brought.
         per_decode_step_mean_us: Mean per decode step (0 without any).
         ops: Per kind of call (``lookup``, ``admit``, ``prefill``, ``decode``,
             ``free``, ``preempt``), in that order.
