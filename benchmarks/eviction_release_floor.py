@@ -18,14 +18,10 @@ and lets the real release run after it (untimed).
 ``classify``
     Count the blocks down, read each freed block's class from its state byte
     (a run of one class goes without dispatch, as in the real loop) and
-    record the class: no queue at all.
-``follow``
-    ``classify``, plus, for a prefix block, the lookup of the kept window or
-    state block under its hash that it leads: the least per-block work the
-    built-in policies' rules need. A queue could add to it as little as a
-    list extend per run of one class, if a revived block's entry were left
-    in its list and counted as stale, as LRU's queue does (no per-block
-    store at release).
+    record the class: the least per-block work the built-in policies' rules
+    need, with no queue at all. A queue could add to it as little as a list
+    extend per run of one class, if a revived block's entry were left in its
+    list and counted as stale, as LRU's queue does.
 
 Prints microseconds per released table and the ratio to ``lru``. Run::
 
@@ -39,10 +35,10 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 from kvcore._eviction import credit
-from kvcore._eviction.credit import JOIN, LEAD, NOT_FREE, WORTHLESS, CreditQueues
+from kvcore._eviction.credit import JOIN, CreditQueues
 from kvcore._free_queue import LRUFreeQueue
 from kvcore._sim import (
     SchedulerConfig,
@@ -52,8 +48,7 @@ from kvcore._sim import (
     simulate,
 )
 
-VARIANTS = ("lru", "release", "classify", "follow")
-Loop = Callable[..., None]
+VARIANTS = ("lru", "release", "classify")
 
 
 class Shadow:
@@ -75,14 +70,8 @@ def _classify(
     table: Sequence[int],
     classes: bytes | bytearray,
     state: bytes | bytearray,
-    hash_of: Sequence[Hashable | None],
-    follow_one: Callable[[Hashable | None], int | None] | None,
 ) -> None:
-    """Count ``table`` down, last block first, and classify the freed blocks in runs.
-
-    With ``follow_one`` (the window or state group's map lookup), a prefix
-    block looks up the kept block it leads, which takes its class.
-    """
+    """Count ``table`` down, last block first, and classify the freed blocks in runs."""
     remaining = reversed(table)
     block: int | None = next(remaining)
     while block is not None:
@@ -92,22 +81,13 @@ def _classify(
             block = next(remaining, None)
             continue
         entry = classes[state[block]]
-        klass = entry % LEAD if entry < JOIN else entry - JOIN
+        klass = entry % JOIN
         klass_of[block] = klass
-        lookup = follow_one if LEAD <= entry < JOIN else None
-        if lookup is not None:
-            follower = lookup(hash_of[block])
-            if follower is not None and WORTHLESS < klass_of[follower] < NOT_FREE:
-                klass_of[follower] = klass
         for block in remaining:
             if ref[block] != 1 or classes[state[block]] != entry:
                 break
             ref[block] = 0
             klass_of[block] = klass
-            if lookup is not None:
-                follower = lookup(hash_of[block])
-                if follower is not None and WORTHLESS < klass_of[follower] < NOT_FREE:
-                    klass_of[follower] = klass
         else:
             block = None
 
@@ -125,11 +105,10 @@ def install(variant: str, shadow: Shadow, durations: list[int]) -> None:
         state: bytes | bytearray,
         hash_of: Sequence[Hashable | None] = (),
         join_maps: Sequence[Mapping[Hashable, int]] = (),
-        follow_maps: Sequence[Mapping[Hashable, int]] = (),
     ) -> list[int]:
         if variant == "release":
             start = clock()
-            released = real(self, ref, table, classes, state, hash_of, join_maps, follow_maps)
+            released = real(self, ref, table, classes, state, hash_of, join_maps)
             durations.append(clock() - start)
             return released
         shadow.ensure(len(self._class))
@@ -139,14 +118,13 @@ def install(variant: str, shadow: Shadow, durations: list[int]) -> None:
             shadow.lru.release_table(ref, table)
             durations.append(clock() - start)
         else:
-            lookup = follow_maps[0].get if variant == "follow" and len(follow_maps) == 1 else None
             start = clock()
-            _classify(shadow.klass, ref, table, classes, state, hash_of, lookup)
+            _classify(shadow.klass, ref, table, classes, state)
             durations.append(clock() - start)
         # Every block of the table was counted down once: put the counts back.
         for block in table:
             ref[block] += 1
-        return real(self, ref, table, classes, state, hash_of, join_maps, follow_maps)
+        return real(self, ref, table, classes, state, hash_of, join_maps)
 
     credit.CreditQueues.release_table = timed_release  # type: ignore[method-assign]
 

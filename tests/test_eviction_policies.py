@@ -118,6 +118,133 @@ def test_take_one_hands_out_the_head_of_the_iteration_order(num_credits, num_use
     assert list(queues) == list(twin)
 
 
+def joiner_queues(num_blocks, credits, anchor_of):
+    """Credit queues whose joiners' anchors are ``anchor_of[joiner]``."""
+    queues = CreditQueues(num_blocks, credits)
+    queues.anchors = lambda block: [anchor_of[block]] if block in anchor_of else []
+    return queues
+
+
+def test_a_joiner_whose_turn_comes_while_its_anchor_is_free_waits_behind_it():
+    # Joiner 4 (a kept window block) belongs behind anchor 1 (its prefix
+    # block). Freed first, it is due first: 4 (due 1), 2 (2), 1 (3), 3 (4).
+    # At its turn its anchor is free, so it moves behind 1 with 1's deadline.
+    queues = joiner_queues(6, [0], {4: 1})
+    queues.take(6)
+    queues.push_joiner(4, 1, None)  # its anchor is still in use
+    queues.push(2, 1)
+    queues.push(1, 1)
+    queues.push(3, 1)
+    assert list(queues) == [2, 1, 4, 3]
+    assert queues.take(4) == [2, 1, 4, 3]
+
+
+def test_joiners_that_wait_behind_one_anchor_go_last_moved_first():
+    # Joiners 4 (due 1) and 5 (due 2) of anchor 1 (due 4): each, at its turn,
+    # moves right behind the anchor, so 5 ends up between 1 and 4.
+    queues = joiner_queues(6, [0], {4: 1, 5: 1})
+    queues.take(6)
+    queues.push_joiner(4, 1, None)
+    queues.push_joiner(5, 1, None)
+    queues.push(2, 1)
+    queues.push(1, 1)
+    queues.push(3, 1)
+    assert list(queues) == [2, 1, 5, 4, 3]
+    assert queues.take(5) == [2, 1, 5, 4, 3]
+
+
+def test_a_joiner_whose_anchor_is_not_free_at_its_turn_goes_at_its_deadline():
+    queues = joiner_queues(6, [0], {4: 1})
+    queues.take(6)
+    queues.push_joiner(4, 1, None)
+    queues.push(2, 1)
+    queues.push(1, 1)
+    queues.remove(1)  # a hit took the anchor back
+    assert list(queues) == [4, 2]
+    assert [queues.take_one(), queues.take_one()] == [4, 2]
+
+
+def test_a_joiner_freed_after_its_anchor_goes_right_behind_it():
+    # Anchor 1 due 1, 2 due 2; joiner 4 joins 1 at once (due 1 too), ahead of
+    # 2; a later joiner of the same anchor goes right behind it, before 4.
+    queues = joiner_queues(6, [0], {4: 1, 5: 1})
+    queues.take(6)
+    queues.push(1, 1)
+    queues.push(2, 1)
+    queues.push_joiner(4, 1, 1)
+    queues.push_joiner(5, 1, 1)
+    assert list(queues) == [1, 5, 4, 2]
+    assert [queues.take_one() for _ in range(4)] == [1, 5, 4, 2]
+
+
+def test_a_joiner_due_after_its_anchor_is_not_pulled_forward():
+    # Joiner 4 in class 2 (credit 10) is due after its anchor 1: the anchor
+    # goes at its turn, the joiner at its own.
+    queues = joiner_queues(6, [0, 10], {4: 1})
+    queues.take(6)
+    queues.push_joiner(4, 2, None)  # due 11
+    queues.push(1, 1)  # due 2
+    queues.push(2, 1)  # due 3
+    assert list(queues) == [1, 2, 4]
+    assert queues.take(3) == [1, 2, 4]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    num_credits=st.integers(1, 3),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["take", "take_many", "push", "join", "remove", "move"]),
+            st.integers(0, 11),
+        ),
+        max_size=60,
+    ),
+)
+def test_take_hands_out_joiners_in_the_iteration_order(num_credits, ops):
+    # Blocks 6..11 are joiners of blocks 0..2, two each. The iteration order
+    # simulates the joiners that wait behind a free anchor at their turn;
+    # take, take_one and take(n) must hand out exactly that order.
+    credits = list(range(num_credits))
+    anchor_of = {joiner: (joiner - 6) // 2 for joiner in range(6, 12)}
+    queues = joiner_queues(12, credits, anchor_of)
+    twin = joiner_queues(12, credits, anchor_of)
+    taken = queues.take(12)
+    twin.take(12)
+    for op, arg in ops:
+        order = list(queues)
+        assert order == list(twin)
+        if op == "take" and order:
+            assert queues.take_one() == order[0] == twin.take(1)[0]
+            taken.append(order[0])
+        elif op == "take_many" and order:
+            k = 1 + arg % len(order)
+            assert queues.take(k) == order[:k]
+            for _ in range(k):
+                twin.take_one()
+            taken.extend(order[:k])
+        elif op in ("push", "join") and taken:
+            block = taken.pop(arg % len(taken))
+            klass = arg % (num_credits + 1)
+            if op == "join" and block in anchor_of and klass:
+                anchor = anchor_of[block]
+                free = queues.class_of(anchor) not in (WORTHLESS, NOT_FREE)
+                queues.push_joiner(block, klass, anchor if free else None)
+                twin.push_joiner(block, klass, anchor if free else None)
+            else:
+                queues.push(block, klass)
+                twin.push(block, klass)
+        elif op == "remove" and order:
+            block = order[arg % len(order)]
+            queues.remove(block)
+            twin.remove(block)
+            taken.append(block)
+        elif op == "move" and order:
+            block = order[arg % len(order)]
+            queues.move(block, arg % (num_credits + 1))
+            twin.move(block, arg % (num_credits + 1))
+    assert list(queues) == list(twin)
+
+
 # -- policies on a hybrid pool ------------------------------------------------------------
 
 BS = 4

@@ -18,29 +18,35 @@ pool". Two orders need no credit and are not classes:
 - *worthless* blocks (no hash, or refused by the admission rule) go next,
   least recently freed first.
 
-Per-block state lives in flat arrays indexed by block id: two links, a class
-and a deadline (26 bytes a block, plus the ints the links refer to).
+A *joiner* (a kept window or state block, freed alone) belongs right behind
+its *anchor*, the prefix block at the same position, while that block is
+free: it goes there when it is freed after its anchor, and when its turn to
+be taken comes while its anchor is free (it was freed first). So a chain is
+given up prefix block first, then the blocks that need it, and a joiner
+whose anchor is in use goes when its own deadline comes.
+
+Per-block state lives in flat arrays indexed by block id: two links, a class,
+a deadline and a joiner flag (27 bytes a block, plus the ints the links
+refer to).
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 
-__all__ = ["JOIN", "LEAD", "NOT_FREE", "PLACE", "WORTHLESS", "CreditQueues"]
+__all__ = ["JOIN", "NOT_FREE", "WORTHLESS", "Anchors", "CreditQueues"]
 
 #: Class of a block that is not free.
 NOT_FREE = 255
 #: Class of free blocks that are taken before any valued one.
 WORTHLESS = 0
-#: Not a class: what a policy's placing of a block returns when it queued
-#: the block itself.
-PLACE = 254
-#: Added to a class in a class table: the block leads the free blocks under
-#: its hash in other groups (see :meth:`CreditQueues.release_table`).
-LEAD = 64
-#: Added to a class in a class table: the block joins a free partner if it has one.
+#: Added to a class in a class table: the block is a joiner (see the module doc).
 JOIN = 128
+
+#: The candidate anchors of a joiner, in order: the blocks cached under its
+#: hash in the prefix groups, whatever their state.
+Anchors = Callable[[int], Sequence[int]]
 
 
 class CreditQueues:
@@ -62,9 +68,11 @@ class CreditQueues:
         "_fresh_end",
         "_fresh_start",
         "_holes",
+        "_joiner",
         "_next",
         "_prev",
         "_sentinels",
+        "anchors",
         "num_classes",
     )
 
@@ -92,12 +100,18 @@ class CreditQueues:
         # _fresh_start itself is never one of them.
         self._holes: set[int] = set()
         self._clock = 0
+        self._joiner = bytearray(num_blocks)
+        #: The candidate anchors of a joiner (see :data:`Anchors`); ``None``:
+        #: no joiner ever waits for its anchor at its turn.
+        self.anchors: Anchors | None = None
 
     # -- the pool's operations --------------------------------------------------------
 
     def take(self, n: int) -> list[int]:
         """Remove and return ``n`` free blocks, earliest deadline first.
 
+        A joiner whose turn comes while its anchor is free moves right behind
+        the anchor instead (same class and deadline) and is taken after it.
         The caller guarantees at least ``n`` blocks are free.
         """
         out: list[int] = []
@@ -132,13 +146,17 @@ class CreditQueues:
         if not n:
             return out
         deadline = self._deadline
+        joiner = self._joiner
         valued = sentinels[1:]
         while n:
-            # The class whose head has the earliest deadline, then a run from
-            # it while it stays ahead of every other head.
+            # The class whose head has the earliest deadline (the first class
+            # on a tie), then a run from it while it stays ahead of every
+            # other head: before the second head's deadline, or at it if
+            # this class comes first.
             best = -1
             best_deadline = 0
             second = None
+            second_sentinel = 0
             for sentinel in valued:
                 head = nxt[sentinel]
                 if head == sentinel:
@@ -146,18 +164,34 @@ class CreditQueues:
                 due = deadline[head]
                 if best < 0 or due < best_deadline:
                     if best >= 0:
-                        second = best_deadline
+                        second, second_sentinel = best_deadline, best
                     best, best_deadline = sentinel, due
                 elif second is None or due < second:
-                    second = due
+                    second, second_sentinel = due, sentinel
+            if second is None:
+                second = 1 << 62  # no other head: no bound
+            elif best > second_sentinel:
+                second -= 1  # a tie goes to the other class
             block = nxt[best]
-            while n and block != best and (second is None or deadline[block] <= second):
+            while n and block != best and deadline[block] <= second:
+                if joiner[block]:
+                    joiner[block] = 0
+                    anchor = self._free_anchor_of(block)
+                    if anchor is not None:
+                        # Close the run taken so far, then the joiner waits
+                        # behind its anchor; the heads are looked at again.
+                        nxt[best] = block
+                        prv[block] = best
+                        self._unlink(block)
+                        self._insert_after(block, anchor)
+                        break
                 out.append(block)
                 cls[block] = NOT_FREE
                 block = nxt[block]
                 n -= 1
-            nxt[best] = block
-            prv[block] = best
+            else:
+                nxt[best] = block
+                prv[block] = best
         return out
 
     def take_one(self) -> int:
@@ -187,6 +221,8 @@ class CreditQueues:
                 head = nxt[valued]
                 if head != valued and (block == sentinel or deadline[head] < best_due):
                     block, sentinel, best_due = head, valued, deadline[head]
+            if self._joiner[block]:
+                return self.take(1)[0]
         after = nxt[block]
         nxt[sentinel] = after
         self._prev[after] = sentinel
@@ -261,23 +297,15 @@ class CreditQueues:
         state: bytes | bytearray,
         hash_of: Sequence[Hashable | None] = (),
         join_maps: Sequence[Mapping[Hashable, int]] = (),
-        follow_maps: Sequence[Mapping[Hashable, int]] = (),
     ) -> list[int]:
         """Drop one count in ``ref`` per block of ``table``, last first; queue the blocks at 0.
 
         A block reaching 0 goes to the tail of class ``classes[state[b]]``
-        (``state``: the policy's byte per block), in that turn, with two
-        kinds of entries (classes are below :data:`LEAD`) that place a block
-        by the blocks cached under its hash (``hash_of[block]``) in other
-        groups:
-
-        - :data:`LEAD` plus a class ``k``: the block goes to class ``k``, and
-          each block under its hash in ``follow_maps`` that is free in a
-          valued class moves right behind it (as :meth:`move` would: same
-          class and deadline, the clock not advanced);
-        - :data:`JOIN` plus a class ``k``: the block goes right behind the
-          first block under its hash in ``join_maps`` that is free in a
-          valued class (same class and deadline), or else to class ``k``.
+        (``state``: the policy's byte per block), in that turn. An entry of
+        :data:`JOIN` plus a class ``k`` makes the block a joiner: it goes
+        right behind the first block under its hash (``hash_of[block]``) in
+        ``join_maps`` that is free in a valued class (same class and
+        deadline), or else to class ``k``.
 
         One pass: the fused form of a policy's release of a freed block table.
 
@@ -292,12 +320,11 @@ class CreditQueues:
         credits = self._credits
         deadline = self._deadline
         class_of = self._class
+        joiner = self._joiner
         sentinels = self._sentinels
         nxt = self._next
         prv = self._prev
         free_anchor = self.free_anchor
-        # The usual shape: one group of blocks that may follow.
-        follow_one = follow_maps[0].get if len(follow_maps) == 1 else None
         released: list[int] = []
         remaining = reversed(table)
         block: int | None = next(remaining)
@@ -308,25 +335,23 @@ class CreditQueues:
                 block = next(remaining, None)
                 continue
             released.append(block)
-            entry = klass = classes[state[block]]
+            klass = classes[state[block]]
             if klass >= JOIN:
                 klass -= JOIN
+                joiner[block] = 1
                 anchor = free_anchor(hash_of[block], join_maps)
                 if anchor is not None:
                     # The queues are consistent here: every run is closed as
                     # it ends.
-                    self.push_after(block, anchor)
+                    self._insert_after(block, anchor)
                     block = next(remaining, None)
                     continue
-            elif klass >= LEAD:
-                klass -= LEAD
             # Queue ``block``, then the run of blocks after it that only this
-            # table holds and that have the same entry (the common shapes: a
+            # table holds and that have the same class (the common shapes: a
             # window's blocks once the prompt is computed, all worthless; a
-            # request's prefix, leading blocks of one class), with no
-            # per-block dispatch. The run is closed (its last block linked to
-            # the sentinel) before anything else looks at the queues; the
-            # block that ends it goes round again.
+            # request's prefix), with no per-block dispatch. The run is closed
+            # (its last block linked to the sentinel) before anything else
+            # looks at the queues; the block that ends it goes round again.
             sentinel = sentinels[klass]
             tail = prv[sentinel]
             nxt[tail] = block
@@ -346,32 +371,6 @@ class CreditQueues:
                     tail = block
                 else:
                     block = None
-            elif LEAD <= entry < JOIN:
-                credit = credits[klass]
-                clock += 1
-                deadline[block] = clock + credit
-                tail = self._lead(block, tail, klass, clock + credit, hash_of, follow_maps)
-                for block in remaining:
-                    if ref[block] != 1 or classes[state[block]] != entry:
-                        break
-                    ref[block] = 0
-                    released.append(block)
-                    clock += 1
-                    due = deadline[block] = clock + credit
-                    class_of[block] = klass
-                    nxt[tail] = block
-                    prv[block] = tail
-                    tail = block
-                    if follow_one is None:
-                        tail = self._lead(block, tail, klass, due, hash_of, follow_maps)
-                        continue
-                    # _lead for the one group that may follow, its lookup
-                    # inline: it runs for every block of the run.
-                    follower = follow_one(hash_of[block])
-                    if follower is not None and WORTHLESS < class_of[follower] < NOT_FREE:
-                        tail = self._follow(follower, tail, klass, due)
-                else:
-                    block = None
             else:
                 credit = credits[klass]
                 clock += 1
@@ -381,13 +380,16 @@ class CreditQueues:
                     if ref[block] != 1:
                         break
                     entry = classes[state[block]]
-                    # A joining block with no free partner stays in the run
-                    # (the usual case: a window's kept blocks freed while
-                    # their request holds its prefix).
-                    if entry != klass and (
-                        entry != joins_entry or free_anchor(hash_of[block], join_maps) is not None
-                    ):
-                        break
+                    if entry != klass:
+                        # A joiner with no free anchor stays in the run (the
+                        # usual case: a window's kept blocks freed while
+                        # their request holds its prefix).
+                        if (
+                            entry != joins_entry
+                            or free_anchor(hash_of[block], join_maps) is not None
+                        ):
+                            break
+                        joiner[block] = 1
                     ref[block] = 0
                     released.append(block)
                     clock += 1
@@ -403,48 +405,6 @@ class CreditQueues:
         self._clock = clock
         return released
 
-    def _lead(
-        self,
-        block: int,
-        tail: int,
-        klass: int,
-        due: int,
-        hash_of: Sequence[Hashable | None],
-        follow_maps: Sequence[Mapping[Hashable, int]],
-    ) -> int:
-        """Move the free followers of ``block`` (the open run's ``tail``) behind it; the new tail.
-
-        Each block under ``block``'s hash in ``follow_maps`` that is free in
-        a valued class moves behind the open run's tail (:meth:`_follow`),
-        in class ``klass`` with deadline ``due`` (``block``'s).
-        """
-        block_hash = hash_of[block]
-        class_of = self._class
-        for cached in follow_maps:
-            partner = cached.get(block_hash)
-            if partner is not None and WORTHLESS < class_of[partner] < NOT_FREE:
-                tail = self._follow(partner, tail, klass, due)
-        return tail
-
-    def _follow(self, block: int, tail: int, klass: int, due: int) -> int:
-        """Move free ``block`` from its place to behind ``tail``, the open run's tail; return it.
-
-        It takes class ``klass`` and deadline ``due`` (its leader's).
-        Unlinking it reads only closed links: a free block never follows
-        the open run's tail.
-        """
-        nxt = self._next
-        prv = self._prev
-        before = prv[block]
-        after = nxt[block]
-        nxt[before] = after
-        prv[after] = before
-        nxt[tail] = block
-        prv[block] = tail
-        self._deadline[block] = due
-        self._class[block] = klass
-        return block
-
     def free_anchor(
         self, block_hash: Hashable | None, maps: Sequence[Mapping[Hashable, int]]
     ) -> int | None:
@@ -453,6 +413,18 @@ class CreditQueues:
         for cached in maps:
             anchor = cached.get(block_hash)
             if anchor is not None and WORTHLESS < class_of[anchor] < NOT_FREE:
+                return anchor
+        return None
+
+    def _free_anchor_of(
+        self, block: int, taken: set[int] | frozenset[int] = frozenset()
+    ) -> int | None:
+        """The first of joiner ``block``'s :attr:`anchors` free in a valued class and not taken."""
+        if self.anchors is None:
+            return None
+        class_of = self._class
+        for anchor in self.anchors(block):
+            if WORTHLESS < class_of[anchor] < NOT_FREE and anchor not in taken:
                 return anchor
         return None
 
@@ -471,6 +443,7 @@ class CreditQueues:
         nxt = self._next
         prv = self._prev
         class_of = self._class
+        joiner = self._joiner
         for block in blocks:
             if fresh_start <= block < fresh_end and block not in holes:
                 self._remove_fresh(block)
@@ -481,6 +454,7 @@ class CreditQueues:
             nxt[before] = after
             prv[after] = before
             class_of[block] = NOT_FREE
+            joiner[block] = 0
 
     def _remove_fresh(self, block: int) -> None:
         start = self._fresh_start
@@ -494,17 +468,38 @@ class CreditQueues:
             start += 1
         self._fresh_start = start
 
-    def push_after(self, block: int, anchor: int) -> None:
-        """Make ``block`` free right behind free ``anchor``: same class, same deadline."""
+    def push_joiner(self, block: int, klass: int, anchor: int | None) -> None:
+        """Make ``block`` free as a joiner: behind free ``anchor``, or without one in ``klass``.
+
+        Behind ``anchor`` it takes the anchor's class and deadline; in
+        ``klass`` it is appended as :meth:`push` would. Either way it waits
+        behind its anchor again if its turn comes while the anchor is free.
+        """
+        if anchor is None:
+            self.push(block, klass)
+            self._joiner[block] = 1
+        else:
+            self._insert_after(block, anchor)
+
+    def _insert_after(self, block: int, anchor: int) -> None:
+        """Link joiner ``block`` right behind free ``anchor``: same class, same deadline."""
         klass = self._class[anchor]
         self._class[block] = klass
         self._deadline[block] = self._deadline[anchor]
+        self._joiner[block] = 1
         nxt = self._next
         after = nxt[anchor]
         nxt[anchor] = block
         self._prev[block] = anchor
         nxt[block] = after
         self._prev[after] = block
+
+    def _unlink(self, block: int) -> None:
+        """Take linked ``block`` out of its class (its class byte is the caller's)."""
+        before = self._prev[block]
+        after = self._next[block]
+        self._next[before] = after
+        self._prev[after] = before
 
     def move(self, block: int, klass: int) -> None:
         """Move free ``block`` to the tail of class ``klass`` (its deadline restarts)."""
@@ -542,12 +537,26 @@ class CreditQueues:
             if nxt[sentinel] != sentinel:
                 heads[sentinel] = nxt[sentinel]
         deadline = self._deadline
+        joiner = self._joiner
+        taken: set[int] = set()
+        # Joiners that take would move behind an anchor not yet handed out,
+        # by anchor, the last moved first (each goes right behind it).
+        waiting: dict[int, list[int]] = {}
         while heads:
             sentinel = min(heads, key=lambda s: (deadline[heads[s]], s))
             block = heads[sentinel]
-            yield block
             following = nxt[block]
             if following == sentinel:
                 del heads[sentinel]
             else:
                 heads[sentinel] = following
+            if joiner[block]:
+                anchor = self._free_anchor_of(block, taken)
+                if anchor is not None:
+                    waiting.setdefault(anchor, []).insert(0, block)
+                    continue
+            yield block
+            taken.add(block)
+            for moved in waiting.pop(block, ()):
+                yield moved
+                taken.add(moved)

@@ -32,13 +32,15 @@ A suffix block that is not admitted stays cached while free, but is taken
 right after the worthless blocks.
 
 **Chains lose depth in order.** A suffix block is freed as soon as its
-request moves past it, long before the prefix it belongs to. When a prefix
-block is freed, the admitted suffix blocks ending at the same token (found
-through the pool's map: same hash, other group) are queued again right
-behind it; an admitted suffix block freed after its prefix block joins it
-there. A chain is then given up from its tail: prefix block, the state or
-window there, the prefix block before it, and so on; a hit falls back to the
-deepest position that still has both.
+request moves past it, long before the prefix it belongs to. An admitted
+suffix block waits behind the prefix block ending at the same token (found
+through the pool's map: same hash, other group) while that block is free:
+freed after it, it is queued right behind it; freed before it, it moves
+there when its own turn to be evicted comes and the prefix block is free by
+then (one map lookup per admitted block, none per prefix block). A chain is
+then given up from its tail: prefix block, the state or window there, the
+prefix block before it, and so on; a hit falls back to the deepest position
+that still has both.
 
 The policies:
 
@@ -64,7 +66,7 @@ from array import array
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
-from kvcore._eviction.credit import JOIN, LEAD, NOT_FREE, PLACE, WORTHLESS, CreditQueues
+from kvcore._eviction.credit import JOIN, NOT_FREE, WORTHLESS, CreditQueues
 from kvcore.errors import OutOfBlocksError
 from kvcore.eviction import PoolInfo
 
@@ -111,9 +113,9 @@ class ValuePolicy:
         checkpoint_share: See the module documentation (0: no checkpoints).
         admission: Apply the admission rule to suffix groups (``False``:
             their blocks are kept like any other).
-        follow: Requeue kept suffix blocks behind the prefix block of the
-            same position (only with ``admission``: without it no suffix
-            block is told apart).
+        follow: Kept suffix blocks wait behind the prefix block of the same
+            position while it is free (only with ``admission``: without it
+            no suffix block is told apart).
     """
 
     __slots__ = (
@@ -123,7 +125,6 @@ class ValuePolicy:
         "_decode_flags",
         "_depth_levels",
         "_end",
-        "_follow_maps",
         "_groups",
         "_hit_levels",
         "_interval",
@@ -162,10 +163,10 @@ class ValuePolicy:
         self._depth_levels = 6 if depth_credit else 1
         self._class_tables: list[bytearray | None] = [None] * self._depth_levels
         # Class 1 + hit level × depth levels + depth level; class tables
-        # mark some entries with LEAD or JOIN plus a class, so classes stay
-        # below LEAD.
-        if len(hit_credits) * self._depth_levels >= LEAD:
-            msg = f"at most {LEAD - 1} credit classes, got {len(hit_credits) * self._depth_levels}"
+        # mark joiners' entries with JOIN plus a class, so classes stay
+        # below JOIN.
+        if len(hit_credits) * self._depth_levels >= JOIN:
+            msg = f"at most {JOIN - 1} credit classes, got {len(hit_credits) * self._depth_levels}"
             raise ValueError(msg)
         self._queues = CreditQueues(
             n,
@@ -204,11 +205,11 @@ class ValuePolicy:
         # Without admission no suffix block is marked, so none could follow.
         self.follow = follow and admission and self._pool is not None and bool(self._suffix_groups)
         # The prefix-cache maps a kept suffix block looks for its prefix
-        # block in, and those a prefix block looks for its followers in (the
-        # pool clears them, never replaces them).
+        # block in (the pool clears them, never replaces them).
         maps = self._pool._cached if self.follow and self._pool is not None else None
         self._join_maps = tuple(maps[g] for g in self._prefix_groups) if maps else ()
-        self._follow_maps = tuple(maps[g] for g in self._suffix_groups) if maps else ()
+        if self.follow:
+            self._queues.anchors = self._anchors
         # The flags of a block cached past its prompt, by group.
         self._decode_flags = bytes(
             _CACHED | _SUFFIX if admission and g in self._suffix_groups else _CACHED
@@ -237,19 +238,18 @@ class ValuePolicy:
         depth_level = self._chain_depth_level(blocks) if self._depth_levels > 1 else 0
         table = self._class_tables[depth_level] or self._build_class_table(depth_level)
         classes = [table[state[block]] for block in blocks]
-        if max(classes, default=WORTHLESS) < LEAD:
+        if max(classes, default=WORTHLESS) < JOIN:
             self._queues.push_all(blocks, classes)
             return
-        # A block whose place depends on other blocks (a suffix block joining
-        # its prefix, a prefix block its suffix blocks follow) is placed
-        # alone, after everything before it.
+        # A joiner (a kept suffix block, whose place depends on its prefix
+        # block) is placed alone, after everything before it.
         start = 0
         for index, klass in enumerate(classes):
-            if klass >= LEAD:
+            if klass >= JOIN:
                 if start < index:
                     self._queues.push_all(blocks[start:index], classes[start:index])
                 block = blocks[index]
-                self._release_linked(block, depth_level)
+                self._release_joiner(block, klass - JOIN)
                 start = index + 1
         if start < len(blocks):
             self._queues.push_all(blocks[start:], classes[start:])
@@ -262,13 +262,9 @@ class ValuePolicy:
     def _class_table(self, depth_level: int) -> bytearray:
         """The class of a freed block by its state byte, for a chain of ``depth_level``.
 
-        When suffix blocks follow prefix blocks, a cached block's place
-        depends on the blocks at its position: a prefix block is marked
-        :data:`LEAD` plus its class (it leads the kept suffix blocks under
-        its hash that are free), a kept suffix block :data:`JOIN` plus its
-        class (it joins a free prefix block under its hash); see
-        :meth:`CreditQueues.release_table`, or :meth:`_linked_class` on the
-        protocol path.
+        When suffix blocks wait behind prefix blocks, a kept suffix block is
+        marked :data:`JOIN` plus its class: a joiner of the prefix block
+        under its hash (see :mod:`kvcore._eviction.credit`).
         """
         table = bytearray(256)
         for count in range(MAX_HITS + 1):
@@ -281,7 +277,7 @@ class ValuePolicy:
                 elif flag & _SUFFIX:
                     klass = JOIN | valued
                 else:
-                    klass = LEAD | valued
+                    klass = valued
                 table[count * _HIT | flag] = klass
         return table
 
@@ -295,50 +291,26 @@ class ValuePolicy:
         level = count if count < last_hit_level else last_hit_level
         return 1 + level * self._depth_levels + (depth_level if count else 0)
 
-    def _release_linked(self, block: int, depth_level: int) -> None:
-        """Queue a valued block whose place may follow the other blocks at its position."""
-        klass = self._linked_class(block, depth_level)
-        if klass != PLACE:
-            self._queues.push(block, klass)
+    def _release_joiner(self, block: int, klass: int) -> None:
+        """Queue kept suffix ``block`` (class ``klass``) as a joiner of its prefix block.
 
-    def _linked_class(self, block: int, depth_level: int) -> int:
-        """Queue ``block`` with its partners and return :data:`PLACE`, or return its class.
-
-        A kept suffix block whose prefix block (same hash, a prefix group) is
-        free joins it: right behind it, same deadline. A prefix block with
-        free kept suffix blocks at its position goes to the tail of its class
-        and they move right behind it. Any other block's place is the tail
-        of its class, returned for the caller to queue it. Hashes are chained
-        and taken at token boundaries, so in groups of one block size the
-        blocks under one hash end at the same token.
+        Behind its prefix block (same hash, a prefix group) if that is free,
+        else at the tail of ``klass``. Hashes are chained and taken at token
+        boundaries, so in groups of one block size the blocks under one hash
+        end at the same token.
         """
-        flag = self._state[block]
-        klass = self._valued_class(flag // _HIT, depth_level)
-        # Partner lookups straight in the pool's maps: this runs for every
-        # kept block freed while suffix blocks follow prefix blocks.
         pool = self._pool
         assert pool is not None  # follow needs it
-        block_hash = pool._hash[block]
         queues = self._queues
-        if flag & _SUFFIX:
-            anchor = queues.free_anchor(block_hash, self._join_maps)
-            if anchor is not None:
-                queues.push_after(block, anchor)
-                return PLACE
-            return klass
-        class_of = queues._class
-        followers = [
-            partner
-            for cached in self._follow_maps
-            if (partner := cached.get(block_hash)) is not None
-            and WORTHLESS < class_of[partner] < NOT_FREE
+        queues.push_joiner(block, klass, queues.free_anchor(pool._hash[block], self._join_maps))
+
+    def _anchors(self, block: int) -> list[int]:
+        """The prefix blocks cached under joiner ``block``'s hash, in prefix-group order."""
+        assert self._pool is not None  # follow needs it
+        block_hash = self._pool._hash[block]
+        return [
+            anchor for cached in self._join_maps if (anchor := cached.get(block_hash)) is not None
         ]
-        if followers:
-            queues.push(block, klass)
-            for partner in followers:
-                queues.move(partner, klass)
-            return PLACE
-        return klass
 
     def revive(self, block: int) -> None:
         """A hit took a free block back."""
@@ -481,20 +453,16 @@ class ValuePolicy:
             )
             classes = self._class_tables[depth_level] or self._build_class_table(depth_level)
             klass = classes[state]
-            # A window's kept block joins its prefix block if that is free,
-            # else it is queued like any other.
-            if (
-                klass >= JOIN
-                and self._queues.free_anchor(self._pool._hash[block], self._join_maps) is None  # type: ignore[union-attr]
-            ):
-                klass -= JOIN
-            if klass < LEAD:
-                ref[block] = 0
+            ref[block] = 0
+            if klass >= JOIN:
+                # A window's kept block: a joiner of its prefix block.
+                self._release_joiner(block, klass - JOIN)
+            else:
                 self._queues.push(block, klass)
-                self.num_free += 1
-                if self._log is not None:
-                    self._log.append((self._undo_release, ((block,),)))
-                return None
+            self.num_free += 1
+            if self._log is not None:
+                self._log.append((self._undo_release, ((block,),)))
+            return None
         if 0 in map(ref.__getitem__, table):
             return next(block for block in table if not ref[block])
         depth_level = self._table_depth_level(ref, table) if self._depth_levels > 1 else 0
@@ -507,7 +475,6 @@ class ValuePolicy:
             self._state,
             self._pool._hash if join_maps else (),  # type: ignore[union-attr]
             join_maps,
-            self._follow_maps,
         )
         self.num_free += len(released)
         if self._log is not None:

@@ -46,7 +46,7 @@ def plain():
     )
 
 
-@pytest.mark.parametrize("variant", ["lru", "release", "classify", "follow"])
+@pytest.mark.parametrize("variant", ["lru", "release", "classify"])
 def test_a_timed_replay_takes_the_plain_replays_decisions(floor, plain, variant):
     durations, report = floor.replay(variant, "frequency", MEMORY, LIMIT, MAX_MODEL_LEN)
     assert plain.eviction.evicted_blocks > 0  # the pool is tight enough to evict
@@ -63,12 +63,11 @@ def test_classify_releases_the_blocks_the_release_does(floor, monkeypatch):
     checked = []
     real = CreditQueues.release_table
 
-    def compare(self, ref, table, classes, state, hash_of=(), join_maps=(), follow_maps=()):
+    def compare(self, ref, table, classes, state, hash_of=(), join_maps=()):
         counts = list(ref)
         klass_of = bytearray(len(self._class))
-        lookup = follow_maps[0].get if len(follow_maps) == 1 else None
-        floor._classify(klass_of, counts, table, classes, state, hash_of, lookup)
-        released = real(self, ref, table, classes, state, hash_of, join_maps, follow_maps)
+        floor._classify(klass_of, counts, table, classes, state)
+        released = real(self, ref, table, classes, state, hash_of, join_maps)
         freed = [block for block in table if counts[block] == 0]
         assert sorted(freed) == sorted(released)
         assert [counts[block] for block in table] == [ref[block] for block in table]
