@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from simhelpers import load_benchmark
 
 from kvcore._sim import load_workload
 from kvcore._sim import scheduler as scheduler_module
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
 def decode_steps():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "eviction_decode_steps", BENCHMARKS / "eviction_decode_steps.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
+    return load_benchmark("eviction_decode_steps")
 
 
 def test_the_split_adds_up_to_each_replays_decode_steps(decode_steps):

@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from simhelpers import load_benchmark
 
 from kvcore._sim import SchedulerConfig, SimulationOptions, load_workload, simulate
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def bench_eviction():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "bench_eviction", BENCHMARKS / "bench_eviction.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
+    return load_benchmark("bench_eviction")
 
 
 def options(policy: str) -> SimulationOptions:

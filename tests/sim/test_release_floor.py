@@ -2,33 +2,30 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from simhelpers import load_benchmark
 
 from kvcore._eviction.credit import CreditQueues
 from kvcore._sim import SchedulerConfig, SimulationOptions, load_workload, simulate
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 LIMIT = 60
 MEMORY = "1GiB"
 MAX_MODEL_LEN = 8192
 
 
+def frequency_options() -> SimulationOptions:
+    return SimulationOptions(
+        model="gpt-oss-20b",
+        memory=MEMORY,
+        max_model_len=MAX_MODEL_LEN,
+        eviction="frequency",
+        scheduler=SchedulerConfig(),
+    )
+
+
 @pytest.fixture(scope="module")
 def floor():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "eviction_release_floor", BENCHMARKS / "eviction_release_floor.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
+    return load_benchmark("eviction_release_floor")
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +33,7 @@ def plain():
     """The replay without any timing installed."""
     return simulate(
         load_workload(None, limit=LIMIT),
-        SimulationOptions(
-            model="gpt-oss-20b",
-            memory=MEMORY,
-            max_model_len=MAX_MODEL_LEN,
-            eviction="frequency",
-            scheduler=SchedulerConfig(),
-        ),
+        frequency_options(),
     )
 
 
@@ -77,12 +68,6 @@ def test_classify_releases_the_blocks_the_release_does(floor, monkeypatch):
     monkeypatch.setattr(CreditQueues, "release_table", compare)
     simulate(
         load_workload(None, limit=LIMIT),
-        SimulationOptions(
-            model="gpt-oss-20b",
-            memory=MEMORY,
-            max_model_len=MAX_MODEL_LEN,
-            eviction="frequency",
-            scheduler=SchedulerConfig(),
-        ),
+        frequency_options(),
     )
     assert sum(checked) > 100
