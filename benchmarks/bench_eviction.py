@@ -51,7 +51,6 @@ from typing import Any
 from _common import DATA, REPO
 
 from kvcore._sim import (
-    SchedulerConfig,
     SimulationOptions,
     SimulationReport,
     Workload,
@@ -60,6 +59,10 @@ from kvcore._sim import (
 )
 
 POLICIES = ("lru", "admit", "frequency", "cost", "belady")
+#: The built-in workload's model and longest request, in the sweep and the
+#: timing phase (and in eviction_decode_steps.py and eviction_release_floor.py).
+BUILTIN_MODEL = "gpt-oss-20b"
+BUILTIN_MAX_MODEL_LEN = 32768
 #: Scheduler steps a replay runs before handing the turn on (timing phase).
 LOCKSTEP_STEPS = 32
 ONLINE = POLICIES[:-1]
@@ -98,14 +101,14 @@ SWEEPS: tuple[tuple[str, str, Path | None, str, tuple[str, ...], int | None], ..
         "built-in/gpt-oss-20b",
         "built-in workload (2,000 requests), gpt-oss-20b",
         None,
-        "gpt-oss-20b",
+        BUILTIN_MODEL,
         ("1GiB", "2GiB", "4GiB", "8GiB"),
-        32768,
+        BUILTIN_MAX_MODEL_LEN,
     ),
 )
 # Timing phase: (title, trace, limit, model, memory, max_model_len)
 TIMINGS = (
-    ("built-in, gpt-oss-20b, 8 GiB", None, 2000, "gpt-oss-20b", "8GiB", 32768),
+    ("built-in, gpt-oss-20b, 8 GiB", None, 2000, BUILTIN_MODEL, "8GiB", BUILTIN_MAX_MODEL_LEN),
     (
         "conversation (500), qwen3-next-80b, 80 GiB",
         CONVERSATION,
@@ -115,6 +118,15 @@ TIMINGS = (
         None,
     ),
 )
+
+
+def replay_options(
+    model: str, memory: str, max_model_len: int | None, policy: str
+) -> SimulationOptions:
+    """One replay's options: ``model`` in ``memory``, ``policy`` evicting, default scheduler."""
+    return SimulationOptions(
+        model=model, memory=memory, max_model_len=max_model_len, eviction=policy
+    )
 
 
 def _cell_key(sweep: str, memory: str, policy: str, limit: int | None) -> str:
@@ -133,9 +145,7 @@ def _run_cell(
     """Simulate one (workload, memory, policy) cell; a plain dict for the results file."""
     # The limit shortens the traces; the built-in workload is always its 2,000 requests.
     workload = load_workload(trace, limit=limit if trace is not None else None)
-    options = SimulationOptions(
-        model=model, memory=memory, max_model_len=max_model_len, eviction=policy
-    )
+    options = replay_options(model, memory, max_model_len, policy)
     started = time.perf_counter()
     report = simulate(workload, options)
     prefix = report.prefix_cache
@@ -398,16 +408,7 @@ def run_timing(args: argparse.Namespace) -> list[dict[str, Any]]:
         for round_index in range(args.repeats):
             shift = round_index % len(ONLINE)
             order = ONLINE[shift:] + ONLINE[:shift]
-            options = [
-                SimulationOptions(
-                    model=model,
-                    memory=memory,
-                    max_model_len=max_model_len,
-                    eviction=policy,
-                    scheduler=SchedulerConfig(),
-                )
-                for policy in order
-            ]
+            options = [replay_options(model, memory, max_model_len, policy) for policy in order]
             for policy, report in zip(order, replay_in_lockstep(workload, options), strict=True):
                 manager = report.manager
                 runs[policy].append(

@@ -28,7 +28,7 @@ from typing import Any
 import bench_eviction
 from _common import rotated
 
-from kvcore._sim import SchedulerConfig, SimulationOptions, SimulationReport, load_workload
+from kvcore._sim import SimulationOptions, SimulationReport, load_workload
 from kvcore._sim import scheduler as scheduler_module
 from kvcore._sim.metrics import OP_KINDS
 
@@ -45,7 +45,10 @@ class DecodeStepSplit:
 
 
 def measure(
-    workload: Any, policies: Sequence[str], memory: str, max_model_len: int = 32768
+    workload: Any,
+    policies: Sequence[str],
+    memory: str,
+    max_model_len: int = bench_eviction.BUILTIN_MAX_MODEL_LEN,
 ) -> tuple[dict[str, DecodeStepSplit], dict[str, SimulationReport]]:
     """One lockstep replay of ``workload`` per policy: each one's decode-step split and report."""
     splits = {policy: DecodeStepSplit() for policy in policies}
@@ -77,12 +80,8 @@ def measure(
         reports = bench_eviction.replay_in_lockstep(
             workload,
             [
-                SimulationOptions(
-                    model="gpt-oss-20b",
-                    memory=memory,
-                    max_model_len=max_model_len,
-                    eviction=policy,
-                    scheduler=SchedulerConfig(),
+                bench_eviction.replay_options(
+                    bench_eviction.BUILTIN_MODEL, memory, max_model_len, policy
                 )
                 for policy in policies
             ],

@@ -37,16 +37,12 @@ import sys
 import time
 from collections.abc import Hashable, Mapping, Sequence
 
+from bench_eviction import BUILTIN_MAX_MODEL_LEN, BUILTIN_MODEL, replay_options
+
 from kvcore._eviction import credit
 from kvcore._eviction.credit import JOIN, CreditQueues
 from kvcore._free_queue import LRUFreeQueue
-from kvcore._sim import (
-    SchedulerConfig,
-    SimulationOptions,
-    SimulationReport,
-    load_workload,
-    simulate,
-)
+from kvcore._sim import SimulationReport, load_workload, simulate
 
 VARIANTS = ("lru", "release", "classify")
 
@@ -130,7 +126,7 @@ def install(variant: str, shadow: Shadow, durations: list[int]) -> None:
 
 
 def replay(
-    variant: str, policy: str, memory: str, limit: int, max_model_len: int = 32768
+    variant: str, policy: str, memory: str, limit: int, max_model_len: int = BUILTIN_MAX_MODEL_LEN
 ) -> tuple[list[int], SimulationReport]:
     """One replay of the built-in workload timing ``variant``: the durations (ns) and its report."""
     durations: list[int] = []
@@ -139,13 +135,7 @@ def replay(
     try:
         report = simulate(
             load_workload(None, limit=limit),
-            SimulationOptions(
-                model="gpt-oss-20b",
-                memory=memory,
-                max_model_len=max_model_len,
-                eviction=policy,
-                scheduler=SchedulerConfig(),
-            ),
+            replay_options(BUILTIN_MODEL, memory, max_model_len, policy),
         )
     finally:
         credit.CreditQueues.release_table = original  # type: ignore[method-assign]
