@@ -14,6 +14,7 @@ Timing rules every benchmark follows:
 
 from __future__ import annotations
 
+import argparse
 import gc
 import importlib.util
 import os
@@ -31,6 +32,18 @@ CONVERSATION_TRACE = DATA / "mooncake" / "mooncake_conversation_trace.jsonl"
 
 #: vLLM's prefix-caching hash options compared by the benchmarks (0.14 names).
 VLLM_HASHES = ("sha256", "sha256_cbor", "xxhash")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1 (a count of rounds or requests)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        msg = f"must be an integer >= 1, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
 
 
 def machine_load() -> str:

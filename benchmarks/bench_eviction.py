@@ -48,7 +48,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from _common import DATA, REPO
+from _common import DATA, REPO, positive_int
 
 from kvcore._sim import (
     SimulationOptions,
@@ -483,8 +483,10 @@ def timing_rst(rows: Sequence[dict[str, Any]]) -> str:
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="first 1,000 requests of each trace")
-    parser.add_argument("--limit", type=int, help="first N requests of each trace")
-    parser.add_argument("--jobs", type=int, default=1, help="cells simulated at once (default 1)")
+    parser.add_argument("--limit", type=positive_int, help="first N requests of each trace")
+    parser.add_argument(
+        "--jobs", type=positive_int, default=1, help="cells simulated at once (default 1)"
+    )
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated")
     parser.add_argument("--sweeps", help="comma-separated sweep keys (default: all)")
     parser.add_argument(
@@ -494,7 +496,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, help="write the hit-rate plot (PNG) here")
     parser.add_argument("--no-sweep", action="store_true", help="only redraw from --results")
     parser.add_argument("--no-timing", action="store_true", help="skip the timing phase")
-    parser.add_argument("--repeats", type=int, default=5, help="timing rounds (default 5)")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timing rounds (default 5)")
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.quick and args.limit is None:
         args.limit = 1000

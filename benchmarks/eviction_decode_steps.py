@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import bench_eviction
-from _common import rotated
+from _common import positive_int, rotated
 
 from kvcore._sim import SimulationOptions, SimulationReport, load_workload
 from kvcore._sim import scheduler as scheduler_module
@@ -96,10 +96,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", default="lru,admit,frequency,cost", help="comma-separated")
     parser.add_argument("--memory", default="8GiB")
-    parser.add_argument("--limit", type=int, default=2000, help="built-in workload requests")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--limit", type=positive_int, default=2000, help="built-in workload requests"
+    )
+    parser.add_argument("--rounds", type=positive_int, default=2)
     args = parser.parse_args(argv)
-    policies = args.policies.split(",")
+    policies = [policy for policy in args.policies.split(",") if policy]
+    if not policies or len(set(policies)) != len(policies):
+        parser.error(f"--policies needs distinct names, the baseline first; got {args.policies!r}")
     workload = load_workload(None, limit=args.limit)
     rounds = [
         measure(workload, rotated(policies, index), args.memory)[0] for index in range(args.rounds)

@@ -37,6 +37,7 @@ import sys
 import time
 from collections.abc import Hashable, Mapping, Sequence
 
+from _common import positive_int
 from bench_eviction import BUILTIN_MAX_MODEL_LEN, BUILTIN_MODEL, replay_options
 
 from kvcore._eviction import credit
@@ -144,10 +145,17 @@ def replay(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--policy", default="frequency", help="admit, frequency or cost")
+    parser.add_argument(
+        "--policy",
+        default="frequency",
+        choices=("admit", "frequency", "cost"),
+        help="a policy of the credit queues (default frequency)",
+    )
     parser.add_argument("--memory", default="8GiB")
-    parser.add_argument("--limit", type=int, default=2000, help="built-in workload requests")
-    parser.add_argument("--rounds", type=int, default=2, help="replays per variant")
+    parser.add_argument(
+        "--limit", type=positive_int, default=2000, help="built-in workload requests"
+    )
+    parser.add_argument("--rounds", type=positive_int, default=2, help="replays per variant")
     args = parser.parse_args(argv)
     means: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     calls: dict[str, int] = {}

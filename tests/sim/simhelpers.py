@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 import kvcore
 from kvcore._sim.scheduler import Scheduler, SchedulerConfig, SimRequest
@@ -53,3 +55,11 @@ def make_scheduler(manager, requests, **config) -> Scheduler:
         for r in requests
     ]
     return Scheduler(manager, SchedulerConfig(**config), entries)
+
+
+def assert_refused(main: Callable[[list[str]], int], argv: list[str], message: str, capsys) -> None:
+    """``main(argv)`` exits with argparse's status 2 and ``message`` on standard error."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

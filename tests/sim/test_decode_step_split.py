@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from simhelpers import load_benchmark
+from simhelpers import assert_refused, load_benchmark
 
 from kvcore._sim import load_workload
 from kvcore._sim import scheduler as scheduler_module
@@ -34,3 +34,15 @@ def test_the_split_adds_up_to_each_replays_decode_steps(decode_steps):
         assert split.calls["admit"] == split.calls["lookup"]
         total_us = sum(split.ns.values()) / 1e3
         assert total_us / split.steps == pytest.approx(manager.per_decode_step_mean_us)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rounds", "-1"], "--rounds: must be an integer >= 1, got '-1'"),
+        (["--policies", "lru,lru"], "--policies needs distinct names"),
+        (["--policies", ","], "--policies needs distinct names"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(decode_steps, capsys, argv, message):
+    assert_refused(decode_steps.main, argv, message, capsys)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from simhelpers import load_benchmark
+from simhelpers import assert_refused, load_benchmark
 
 from kvcore._sim import SchedulerConfig, SimulationOptions, load_workload, simulate
 
@@ -97,3 +97,15 @@ def test_a_turn_of_no_whole_positive_number_of_steps_is_refused(bench_eviction, 
     workload = load_workload(None, limit=2)
     with pytest.raises(ValueError, match=r"chunk must be an integer >= 1 .* got"):
         bench_eviction.replay_in_lockstep(workload, [options("lru")], chunk=chunk)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--repeats", "0"], "--repeats: must be an integer >= 1, got '0'"),
+        (["--jobs", "-2"], "--jobs: must be an integer >= 1, got '-2'"),
+        (["--limit", "ten"], "--limit: must be an integer >= 1, got 'ten'"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(bench_eviction, capsys, argv, message):
+    assert_refused(bench_eviction.main, argv, message, capsys)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from simhelpers import load_benchmark
+from simhelpers import assert_refused, load_benchmark
 
 from kvcore._eviction.credit import CreditQueues
 from kvcore._sim import SchedulerConfig, SimulationOptions, load_workload, simulate
@@ -71,3 +71,15 @@ def test_classify_releases_the_blocks_the_release_does(floor, monkeypatch):
         frequency_options(),
     )
     assert sum(checked) > 100
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rounds", "0"], "--rounds: must be an integer >= 1, got '0'"),
+        (["--limit", "1.5"], "--limit: must be an integer >= 1, got '1.5'"),
+        (["--policy", "lru"], "--policy: invalid choice: 'lru'"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(floor, capsys, argv, message):
+    assert_refused(floor.main, argv, message, capsys)
