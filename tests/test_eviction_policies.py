@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import kvcore
 from kvcore import Request
-from kvcore._eviction.credit import NOT_FREE, WORTHLESS, CreditQueues
+from kvcore._eviction.credit import JOIN, NOT_FREE, WORTHLESS, CreditQueues, DoubleFree
 from kvcore._eviction.policies import ValuePolicy
 from kvcore.eviction import GroupInfo, PoolInfo
 from kvcore.testing import RandomWorkload, admit
@@ -488,3 +488,77 @@ def test_admitted_blocks_follow_the_rule_block_by_block(
     start, stop = min(span), max(span)
     expected = [i for i in range(start, stop) if _admitted_by_the_rule(policy, 1, i, prompt)]
     assert policy._admitted_indices(1, start, stop, prompt) == expected
+
+
+@pytest.mark.parametrize("policy", ["admit", "frequency", "cost"])
+def test_a_double_free_met_mid_table_changes_nothing(policy: str) -> None:
+    """The fused release finds a count already at 0 after queueing a run: all put back."""
+    pool = kvcore.BlockPool(12, eviction=policy)
+    request = Request("a", list(range(24)))
+    kvcore.BlockHasher(4).update(request)
+    table = pool.get_new_blocks(6)
+    pool.cache_full_blocks(request, table, 0, 6, 4, 0)  # cached: a valued run
+    pool.free_blocks([table[1]])  # freed behind the table's back
+    before = (
+        [pool.ref_count(block) for block in range(12)],
+        pool.free_block_ids(),
+        pool.get_num_free_blocks(),
+    )
+    # Released last block first: table[5] .. table[2] are queued, then table[1]
+    # has no count left.
+    with pytest.raises(kvcore.DoubleFreeError, match=f"block {table[1]} "):
+        pool._free_table(table)
+    after = (
+        [pool.ref_count(block) for block in range(12)],
+        pool.free_block_ids(),
+        pool.get_num_free_blocks(),
+    )
+    assert after == before
+    pool.check_invariants()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pushes=st.lists(st.tuples(st.integers(0, 11), st.integers(0, 2)), max_size=12),
+    table_blocks=st.lists(st.integers(0, 11), min_size=1, max_size=8, unique=True),
+    states=st.lists(st.integers(0, 4), min_size=8, max_size=8),
+    shared=st.lists(st.booleans(), min_size=8, max_size=8),
+    position=st.integers(0, 8),
+)
+def test_a_release_that_meets_a_double_free_leaves_counts_and_order_as_they_were(
+    pushes, table_blocks, states, shared, position
+):
+    """Runs queued, joiners moved behind free anchors, then a count at 0: all undone."""
+    # Joiners 6 .. 11 belong behind anchors 0 .. 2; state s: class s (0 worthless),
+    # 3 and 4: a joiner of class 1 and 2.
+    anchor_of = {joiner: (joiner - 6) // 2 for joiner in range(6, 12)}
+    hash_of = [("h", anchor_of.get(block)) for block in range(12)]
+    join_maps = [{("h", anchor): anchor for anchor in range(3)}]
+    classes = bytearray(256)
+    classes[1], classes[2], classes[3], classes[4] = 1, 2, JOIN | 1, JOIN | 2
+    queues = joiner_queues(12, [0, 5], anchor_of)
+    queues.take(12)
+    for block, klass in dict(pushes).items():
+        queues.push(block, klass)
+    free = [block for block in range(12) if queues.is_free(block)]
+    in_use = [block for block in table_blocks if not queues.is_free(block)]
+    if not free or not in_use:
+        return
+    state = bytearray(12)
+    ref = [0] * 12
+    for index, block in enumerate(in_use):
+        state[block] = states[index]
+        ref[block] = 2 if shared[index] else 1
+    double_freed = free[position % len(free)]
+    table = list(in_use)
+    table.insert(position % (len(table) + 1), double_freed)
+    counts, order = list(ref), list(queues)
+    class_of = [queues.class_of(block) for block in range(12)]
+    joiners = bytes(queues._joiner)  # what the order of later frees depends on
+    with pytest.raises(DoubleFree) as refused:
+        queues.release_table(ref, table, classes, state, hash_of, join_maps)
+    assert refused.value.args == (double_freed,)
+    assert ref == counts
+    assert list(queues) == order
+    assert [queues.class_of(block) for block in range(12)] == class_of
+    assert bytes(queues._joiner) == joiners

@@ -34,8 +34,9 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from operator import length_hint
 
-__all__ = ["JOIN", "NOT_FREE", "WORTHLESS", "Anchors", "CreditQueues"]
+__all__ = ["JOIN", "NOT_FREE", "WORTHLESS", "Anchors", "CreditQueues", "DoubleFree"]
 
 #: Class of a block that is not free.
 NOT_FREE = 255
@@ -47,6 +48,14 @@ JOIN = 128
 #: The candidate anchors of a joiner, in order: the blocks cached under its
 #: hash in the prefix groups, whatever their state.
 Anchors = Callable[[int], Sequence[int]]
+
+
+class DoubleFree(Exception):
+    """A released table held a block whose count was already 0 (``args[0]``).
+
+    A signal from the queues to their policy, which reports the double free
+    to the pool; it never reaches a user.
+    """
 
 
 class CreditQueues:
@@ -309,12 +318,16 @@ class CreditQueues:
 
         One pass: the fused form of a policy's release of a freed block table.
 
-        The caller guarantees that no count in ``ref`` for ``table`` is 0 (no
-        double free), no block appears twice and the null block's count is
-        high enough that it is never released.
+        The caller guarantees that no block appears twice and the null
+        block's count is high enough that it is never released.
 
         Returns:
             The released blocks, in the order they were queued.
+
+        Raises:
+            DoubleFree: a block of ``table`` had a count of 0 (found when
+                the pass reaches it); every count and the queues are as
+                they were.
         """
         clock = self._clock
         credits = self._credits
@@ -332,6 +345,10 @@ class CreditQueues:
             count = ref[block] - 1
             ref[block] = count
             if count:
+                if count < 0:
+                    # The clock is written back only at the end.
+                    self._take_back(ref, table, length_hint(remaining), released)
+                    raise DoubleFree(block)
                 block = next(remaining, None)
                 continue
             released.append(block)
@@ -404,6 +421,23 @@ class CreditQueues:
             prv[sentinel] = tail
         self._clock = clock
         return released
+
+    def _take_back(
+        self, ref: list[int], table: Sequence[int], start: int, released: list[int]
+    ) -> None:
+        """Undo a release stopped at ``table[start]``: its counts back, its blocks unlinked.
+
+        Unlinking the released blocks, in any order, leaves the other blocks
+        linked as they were before the release.
+        """
+        for block in table[start:]:
+            ref[block] += 1
+        class_of = self._class
+        joiner = self._joiner
+        for block in reversed(released):
+            self._unlink(block)
+            class_of[block] = NOT_FREE
+            joiner[block] = 0
 
     def free_anchor(
         self, block_hash: Hashable | None, maps: Sequence[Mapping[Hashable, int]]

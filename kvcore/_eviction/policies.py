@@ -66,7 +66,7 @@ from array import array
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
-from kvcore._eviction.credit import JOIN, NOT_FREE, WORTHLESS, CreditQueues
+from kvcore._eviction.credit import JOIN, NOT_FREE, WORTHLESS, CreditQueues, DoubleFree
 from kvcore.errors import OutOfBlocksError
 from kvcore.eviction import PoolInfo
 
@@ -408,7 +408,13 @@ class ValuePolicy:
         if n > self.num_free:
             msg = f"cannot take {n} blocks: only {self.num_free} are free"
             raise OutOfBlocksError(msg)
-        blocks = self.take(n)
+        if n == 1:
+            # A decode step's block: take() inlined.
+            block = self._queues.take_one()
+            self._state[block] = 0
+            blocks = [block]
+        else:
+            blocks = self.take(n)
         self.num_free -= n
         if self._log is not None:
             self._log.append((self._undo_take, (blocks,)))
@@ -463,19 +469,22 @@ class ValuePolicy:
             if self._log is not None:
                 self._log.append((self._undo_release, ((block,),)))
             return None
-        if 0 in map(ref.__getitem__, table):
-            return next(block for block in table if not ref[block])
         depth_level = self._table_depth_level(ref, table) if self._depth_levels > 1 else 0
         classes = self._class_tables[depth_level] or self._build_class_table(depth_level)
         join_maps = self._join_maps
-        released = self._queues.release_table(
-            ref,
-            table,
-            classes,
-            self._state,
-            self._pool._hash if join_maps else (),  # type: ignore[union-attr]
-            join_maps,
-        )
+        try:
+            released = self._queues.release_table(
+                ref,
+                table,
+                classes,
+                self._state,
+                self._pool._hash if join_maps else (),  # type: ignore[union-attr]
+                join_maps,
+            )
+        except DoubleFree:
+            # Found inside the pass (no pass over the table before it) and
+            # undone there; the error names the first such block.
+            return next(block for block in table if not ref[block])
         self.num_free += len(released)
         if self._log is not None:
             self._log.append((self._undo_release, (released,)))
