@@ -408,13 +408,7 @@ class ValuePolicy:
         if n > self.num_free:
             msg = f"cannot take {n} blocks: only {self.num_free} are free"
             raise OutOfBlocksError(msg)
-        if n == 1:
-            # A decode step's block: take() inlined.
-            block = self._queues.take_one()
-            self._state[block] = 0
-            blocks = [block]
-        else:
-            blocks = self.take(n)
+        blocks = self.take(n)
         self.num_free -= n
         if self._log is not None:
             self._log.append((self._undo_take, (blocks,)))
