@@ -425,19 +425,15 @@ class CreditQueues:
     def _take_back(
         self, ref: list[int], table: Sequence[int], start: int, released: list[int]
     ) -> None:
-        """Undo a release stopped at ``table[start]``: its counts back, its blocks unlinked.
+        """Undo a release stopped at ``table[start]``: its counts back, its blocks taken out.
 
-        Unlinking the released blocks, in any order, leaves the other blocks
-        linked as they were before the release.
+        Taking the released blocks out (:meth:`remove_all`: none was in the
+        fresh run, they were all in use) leaves the other blocks linked as
+        they were before the release.
         """
         for block in table[start:]:
             ref[block] += 1
-        class_of = self._class
-        joiner = self._joiner
-        for block in reversed(released):
-            self._unlink(block)
-            class_of[block] = NOT_FREE
-            joiner[block] = 0
+        self.remove_all(released)
 
     def free_anchor(
         self, block_hash: Hashable | None, maps: Sequence[Mapping[Hashable, int]]
