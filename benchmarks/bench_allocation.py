@@ -47,7 +47,7 @@ from _common import (
 from _replay import CATEGORIES, Case, Recording, Replay, record_ops, replay_kvcore, replay_vllm
 
 import kvcore
-from kvcore._free_queue import LRUFreeQueue
+from kvcore._eviction.lru import LRUFreeQueue
 from kvcore._trace import read_mooncake_trace
 from kvcore_plugins.full_attention import FullAttentionSpec
 
@@ -280,7 +280,7 @@ def pool_components(pool: Any, total: int) -> dict[str, int]:
     by the interpreter): counted once, wherever the queue or the map holds
     them. ``other`` is ``total`` (tracemalloc) minus the parts.
     """
-    queue = pool.policy
+    queue = pool._queue
     links = [queue._queue, queue._stale] if isinstance(queue, LRUFreeQueue) else []
     maps = [*pool._cached, *pool._dups]
     hashes = {id(h): h for h in pool._hash if h is not None}

@@ -7,7 +7,7 @@ are loaded when a registry is built (:func:`load_registry`).
 from __future__ import annotations
 
 from kvcore import errors, eviction, hookspecs, managers, specs
-from kvcore._block_pool import NULL_BLOCK, BlockPool
+from kvcore._block_pool import NULL_BLOCK, BlockPool, Transaction
 from kvcore._config import KVCacheConfig, KVCacheGroupSpec, KVCacheLayout, KVCacheTensor
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvcore._eviction.registry import available_eviction_policies
@@ -17,7 +17,7 @@ from kvcore._planning.allocate import KVCacheBuffers, allocate_kv_cache
 from kvcore._planning.fields import ConfigFields
 from kvcore._planning.grouping import get_kv_cache_groups
 from kvcore._planning.layer_config import LayerConfig, LayerKind, PlanOption
-from kvcore._planning.memory import format_bytes, parse_memory
+from kvcore._planning.memory import parse_memory
 from kvcore._planning.model_config import (
     ModelConfig,
     ModelFields,
@@ -52,6 +52,7 @@ from kvcore._registry import (
     registry_from_layer_types,
 )
 from kvcore._request import MultiModalFeature, Request
+from kvcore._utils import format_bytes
 from kvcore.errors import (
     DoubleFreeError,
     HookImplementationError,
@@ -118,6 +119,7 @@ __all__ = [
     "format_bytes",
     "BlockPool",
     "NULL_BLOCK",
+    "Transaction",
     "available_eviction_policies",
     "BlockHasher",
     "HASH_ALGORITHMS",

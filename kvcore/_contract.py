@@ -30,7 +30,13 @@ _MANAGER_FLAGS = (
     "allocates_for_encoder",
     "eagle_drops_last_block",
     "frees_skipped_blocks",
-    "decode_follows_base",
+)
+#: Steps of a running request's allocation that steady_until must account for.
+_STEADY_RULES = (
+    "get_num_blocks_to_allocate",
+    "allocate_new_blocks",
+    "cache_blocks",
+    "remove_skipped_blocks",
 )
 _MANAGER_CLASSMETHODS = ("find_longest_cache_hit", "is_prefix_cacheable", "validate_config")
 
@@ -179,3 +185,23 @@ def check_manager_class(plugin: str, cls: type[SingleTypeManager[Any]]) -> None:
             "sets frees_skipped_blocks = True but says nothing about what to free; override "
             "get_num_skipped_tokens (a leading run of tokens) or remove_skipped_blocks",
         )
+    _check_steady_until(plugin, cls)
+
+
+def _check_steady_until(plugin: str, cls: type[SingleTypeManager[Any]]) -> None:
+    """A class changing a decode step's rules must say when its next change comes."""
+    steady_owner = _defined_by(cls, "steady_until") or SingleTypeManager
+    for name in _STEADY_RULES:
+        owner = _defined_by(cls, name)
+        if owner is None or owner is SingleTypeManager or not issubclass(owner, SingleTypeManager):
+            continue
+        if not issubclass(steady_owner, owner):
+            raise _fail(
+                plugin,
+                cls,
+                f"overrides {name} (in {qualname(owner)}) but not steady_until, which tells "
+                "the engine-facing manager when a running request's next change in the "
+                "group comes (decode steps before it skip the group); override "
+                "steady_until in the same class to match your rule (returning "
+                "num_computed_tokens is always correct, and sends every step the full way)",
+            )

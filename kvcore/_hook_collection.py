@@ -46,10 +46,19 @@ from typing import Any, Final
 
 import attrs
 
+from kvcore._eviction.registry import BUILTIN_POLICIES, SIMULATOR_ONLY_POLICIES
 from kvcore._planning.layer_config import LayerKind, PlanOption
-from kvcore.errors import HookImplementationError
+from kvcore._plugin_calls import call_plugin
+from kvcore.errors import HookImplementationError, PluginConflictError
+from kvcore.eviction import EvictionPolicy, EvictionPolicyFactory, PoolInfo
 
-__all__ = ["COLLECTED_HOOKS", "CollectedHook", "bad_result", "collected_hook"]
+__all__ = [
+    "COLLECTED_HOOKS",
+    "CollectedHook",
+    "PluginPolicyFactory",
+    "bad_result",
+    "collected_hook",
+]
 
 
 def _qualname(value: object) -> str:
@@ -163,10 +172,70 @@ def _reference_kernels(plugin: str, result: object) -> tuple[tuple[type[Any], An
 
 
 def _eviction_policies(plugin: str, result: object) -> tuple[tuple[str, Any], ...]:
-    # Imported here: the eviction registry imports the block pool's policies.
-    from kvcore._eviction.registry import check_plugin_policies
+    """Check one plugin's ``kvcore_eviction_policies`` result; its ``(name, factory)`` records.
 
-    return check_plugin_policies(plugin, result)
+    Two plugins claiming one name are refused by the registry, as for every
+    keyed hook.
+
+    Raises:
+        HookImplementationError: the result is not a non-empty mapping of
+            names to callables.
+        PluginConflictError: the plugin claims a name kvcore uses itself.
+    """
+    ok = (
+        isinstance(result, Mapping)
+        and bool(result)
+        and all(isinstance(k, str) and k and callable(v) for k, v in result.items())
+    )
+    if not ok:
+        expected = "a non-empty mapping of policy names to factories (PoolInfo) -> EvictionPolicy"
+        raise bad_result(plugin, "kvcore_eviction_policies", expected, result)
+    assert isinstance(result, Mapping)
+    for name in result:
+        if name in BUILTIN_POLICIES or name in SIMULATOR_ONLY_POLICIES:
+            msg = (
+                f"plugin {plugin!r} registers eviction policy {name!r}, a name kvcore uses for "
+                "a policy of its own; pick another name"
+            )
+            raise PluginConflictError(msg)
+    return tuple(result.items())
+
+
+class PluginPolicyFactory:
+    """A plugin's policy factory, called so that what it raises names the plugin.
+
+    ``Registry.eviction_policies`` hands these out: building a pool calls the
+    factory once, through :func:`~kvcore._plugin_calls.call_plugin`, so an
+    exception inside it comes out as
+    :class:`~kvcore.errors.HookImplementationError` naming the plugin and the
+    policy (kvcore's own errors pass through). The policy's methods are not
+    wrapped: they run on the allocation path.
+    """
+
+    __slots__ = ("factory", "name", "plugin")
+
+    def __init__(self, plugin: str, name: str, factory: EvictionPolicyFactory) -> None:
+        self.plugin = plugin
+        self.name = name
+        self.factory = factory
+
+    def __call__(self, info: PoolInfo) -> EvictionPolicy:
+        factory = self.factory
+        return call_plugin(
+            self.plugin,
+            f"the factory of its eviction policy {self.name!r}",
+            lambda: factory(info),
+            pass_kvcore_errors=True,
+        )
+
+    def __repr__(self) -> str:
+        what = getattr(self.factory, "__qualname__", repr(self.factory))
+        return f"eviction policy {self.name!r} of plugin {self.plugin!r} ({what})"
+
+    @property
+    def description(self) -> str:
+        """The factory's docstring (what ``kvcore.available_eviction_policies`` shows)."""
+        return getattr(self.factory, "__doc__", None) or ""
 
 
 def _kind_names(kind: LayerKind) -> Sequence[str]:

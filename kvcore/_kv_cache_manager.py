@@ -16,67 +16,55 @@ raises half-way, the pool and every block table are restored exactly.
 
 from __future__ import annotations
 
+import operator
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from kvcore._boundary import check_cache_hit, checked_count
 from kvcore._config import KVCacheConfig
-from kvcore._coordinator import KVCacheCoordinator, NoPrefixCacheCoordinator, make_coordinator
+from kvcore._coordinator import make_coordinator
 from kvcore._events import KVCacheEvent
-from kvcore._eviction.registry import DEFAULT_POLICY, resolve_policy
+from kvcore._eviction.registry import DEFAULT_POLICY, select_policy
 from kvcore._hashing import BlockHasher
 from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
 from kvcore._request import Request
 from kvcore.errors import (
+    ConcurrentUseError,
     InvalidConfigError,
     InvalidRequestError,
     RequestStateError,
     RequestTooLongError,
 )
 from kvcore.eviction import EvictionPolicyFactory
-from kvcore.managers import SingleTypeManager
 
-__all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
+__all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats", "checked_count"]
 
 _INT = {int}
 
-# A limit no token count reaches (the decode fast path's "never").
+# A token count no request reaches: hashing never has work with caching off.
 _NO_LIMIT = 2**62
 
 
-def _has_fast_decode(coordinator: KVCacheCoordinator) -> bool:
-    """Whether every group follows the base class in what the decode fast path skips.
+def checked_count(name: str, value: object) -> int:
+    """``value`` as an ``int`` >= 0 (numpy integers accepted), else a request error.
 
-    The fast path of ``allocate_slots`` answers "nothing to do" without
-    calling the managers: valid only for managers whose allocation count,
-    allocation, caching and (for types that free skipped blocks) removal of
-    skipped blocks are the base class's, or whose class declares that its
-    overrides act as the base class's in a decode step
-    (:attr:`~kvcore.managers.SingleTypeManager.decode_follows_base`, with
-    ``decode_room_tokens`` more room). Any other plugin overriding one of
-    them takes the full path on every call.
+    ``bool`` and ``float`` are refused even when integral: a float count
+    would turn the pool's counters into floats.
     """
-    base = SingleTypeManager
-    for manager in coordinator.managers:
-        cls = type(manager)
-        if cls.decode_follows_base:
-            continue
-        if (
-            cls.get_num_blocks_to_allocate is not base.get_num_blocks_to_allocate
-            or cls.allocate_new_blocks is not base.allocate_new_blocks
-        ):
-            return False
-    if any(
-        type(m).cache_blocks is not base.cache_blocks and not type(m).decode_follows_base
-        for m in coordinator._cacheable
-    ):
-        return False
-    return all(
-        type(m).remove_skipped_blocks is base.remove_skipped_blocks for m in coordinator._windowed
-    )
+    if isinstance(value, bool | float):
+        value_ok = None
+    else:
+        try:
+            value_ok = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            value_ok = None
+    if value_ok is None or value_ok < 0:
+        msg = f"{name} must be an integer >= 0, got {value!r}"
+        raise InvalidRequestError(msg)
+    return value_ok
 
 
 class KVCacheBlocks:
@@ -142,6 +130,16 @@ class PrefixCacheStats:
     preempted_hits: int = 0
     reset: bool = False
 
+    def count(self, request: Request, num_hit_tokens: int) -> None:
+        """Count one lookup of ``request`` that found ``num_hit_tokens`` cached tokens."""
+        self.requests += 1
+        self.queries += request.num_tokens
+        self.hits += num_hit_tokens
+        if request.num_preemptions:
+            self.preempted_requests += 1
+            self.preempted_queries += request.num_tokens
+            self.preempted_hits += num_hit_tokens
+
     @property
     def hit_rate(self) -> float:
         """``hits / queries`` (0.0 with no queries)."""
@@ -150,6 +148,10 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     """Allocates the KV cache of a model's requests, with prefix caching.
+
+    A manager is single-threaded: a call made while another thread's call
+    runs is refused with :class:`~kvcore.errors.ConcurrentUseError` before it
+    changes anything.
 
     Args:
         kv_cache_config: Groups and block count (from planning, or built by
@@ -203,7 +205,6 @@ class KVCacheManager:
             raise InvalidConfigError(msg)
         if registry is None:
             registry = load_registry()
-        policy_factory = resolve_policy(eviction, registry.eviction_policies)
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -215,10 +216,9 @@ class KVCacheManager:
             enable_caching=enable_caching,
             use_eagle=use_eagle,
             enable_kv_cache_events=enable_kv_cache_events,
-            eviction=policy_factory,
+            eviction=select_policy(eviction, registry.eviction_policies),
         )
         self.block_pool = self.coordinator.block_pool
-        self._has_windowed_groups = self.coordinator.has_windowed_groups
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.hash_block_size = self.coordinator.hash_block_size
         self._hasher = BlockHasher(self.hash_block_size, hash_algorithm)
@@ -232,26 +232,12 @@ class KVCacheManager:
         # Requests holding blocks, by id: a second Request object with a live
         # id is refused (it would share the first one's block tables).
         self._requests: dict[str, Request] = {}
-        self._decoder_groups = tuple(
-            m for m in self.coordinator.managers if not m.allocates_for_encoder
-        )
-        self._free_queue = self.block_pool._free
-        self._managers = self.coordinator.managers
-        self._undo = self.block_pool._undo
-        self._no_hits = self.empty_kv_cache_blocks.blocks
-        # The decode fast path (see allocate_slots and _note_decode_limits).
-        coordinator = self.coordinator
-        self._fast_decode = _has_fast_decode(coordinator)
-        self._fast_windowed = tuple(
-            (m.req_to_blocks, m.block_size, m.get_num_skipped_tokens) for m in coordinator._windowed
-        )
-        self._fast_cacheable = (
-            coordinator._cacheable
-            if enable_caching and not isinstance(coordinator, NoPrefixCacheCoordinator)
-            else ()
-        )
-        # Hashing has nothing to do while the tokens fill no new hash unit.
+        # Per running request: the tokens it may need before any group has
+        # something to do (the coordinator's steady_until after its last change).
+        self._steady: dict[str, int] = {}
+        # A decode step has hashing to do once its tokens fill a new hash unit.
         self._hash_unit = self.hash_block_size if enable_caching else _NO_LIMIT
+        self._busy = threading.Lock()
 
     # -- queries ----------------------------------------------------------------------
 
@@ -279,7 +265,15 @@ class KVCacheManager:
             RequestTooLongError: the request is longer than ``max_model_len``.
             RequestStateError: the request holds blocks of another manager.
             InvalidRequestError: a token id is not a 64-bit integer.
+            ConcurrentUseError: another thread is inside this manager.
         """
+        self._enter()
+        try:
+            return self._lookup(request)
+        finally:
+            self._busy.release()
+
+    def _lookup(self, request: Request) -> tuple[KVCacheBlocks, int]:
         owner = request._kv_owner
         if owner is not None and owner is not self:
             raise _foreign(request)
@@ -296,15 +290,8 @@ class KVCacheManager:
         hits, num_hit_tokens = self.coordinator.find_longest_cache_hit(
             request.block_hashes, request.num_tokens - 1
         )
-        stats = self.prefix_cache_stats
-        if stats is not None:
-            stats.requests += 1
-            stats.queries += request.num_tokens
-            stats.hits += num_hit_tokens
-            if request.num_preemptions:
-                stats.preempted_requests += 1
-                stats.preempted_queries += request.num_tokens
-                stats.preempted_hits += num_hit_tokens
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.count(request, num_hit_tokens)
         if not any(hits):
             return self.empty_kv_cache_blocks, num_hit_tokens
         return KVCacheBlocks(hits), num_hit_tokens
@@ -361,7 +348,8 @@ class KVCacheManager:
 
         Every count is an integer >= 0 (numpy integers accepted). The
         computed tokens (``request.num_computed_tokens`` plus the hit plus
-        the external tokens) must be tokens of the request.
+        the external tokens) must be tokens of the request; a request that
+        holds no blocks starts from ``num_computed_tokens == 0``.
 
         Returns:
             The newly allocated blocks per group, or ``None`` if the pool
@@ -370,8 +358,8 @@ class KVCacheManager:
         Raises:
             InvalidRequestError: a count is not an integer >= 0, nothing to
                 allocate (no new and no external tokens), more computed tokens
-                than the request has, or a token id that is not a 64-bit
-                integer.
+                than the request has, a request holding no blocks with
+                computed tokens, or a token id that is not a 64-bit integer.
             RequestTooLongError: computed plus new tokens exceed
                 ``max_model_len``.
             InvalidCacheHitError: the hit blocks are not this request's hit
@@ -379,294 +367,245 @@ class KVCacheManager:
             RequestStateError: another live ``Request`` has this id, the
                 request holds blocks of another manager, or a running request
                 is given a hit or external tokens.
+            ConcurrentUseError: another thread is inside this manager.
         """
-        running = request._kv_owner is self
-        # The decode step (a running request, plain-int counts, nothing to
-        # adopt) passes one test; anything else gets the full check.
-        if not (
-            running
-            and new_computed_blocks is None
-            and num_new_tokens.__class__ is int
-            and num_lookahead_tokens.__class__ is int
-            and num_new_tokens > 0
-            and num_lookahead_tokens >= 0
+        if (
+            new_computed_blocks is None
+            and request._kv_owner is self
             and not (num_new_computed_tokens or num_external_computed_tokens or num_encoder_tokens)
+            and self._decode_step_is_steady(request, num_new_tokens, num_lookahead_tokens)
         ):
+            return self.empty_kv_cache_blocks
+        self._enter()
+        try:
+            return self._allocate(
+                request,
+                num_new_tokens,
+                num_new_computed_tokens,
+                new_computed_blocks,
+                num_lookahead_tokens,
+                num_external_computed_tokens,
+                delay_cache_blocks,
+                num_encoder_tokens,
+            )
+        finally:
+            self._busy.release()
+
+    def _decode_step_is_steady(
+        self, request: Request, num_new_tokens: object, num_lookahead_tokens: object
+    ) -> bool:
+        """Whether this step of a running request changes nothing (no group has work).
+
+        A decode step mostly allocates nothing, completes no block for the
+        hasher, caches and frees nothing. Only valid arguments qualify: any
+        doubt sends the call the full way, where it is checked.
+        """
+        num_computed = request.num_computed_tokens
+        if not (
+            num_new_tokens.__class__ is int
+            and num_lookahead_tokens.__class__ is int
+            and num_computed.__class__ is int
+        ):
+            return False
+        need = num_computed + num_new_tokens
+        num_tokens = len(request.all_token_ids)
+        return (
+            num_new_tokens > 0
+            and num_lookahead_tokens >= 0
+            and 0 <= num_computed <= num_tokens
+            and need <= self.max_model_len
+            and need + num_lookahead_tokens <= self._steady[request.request_id]
+            and num_tokens < (len(request.block_hashes) + 1) * self._hash_unit
+        )
+
+    def _allocate(
+        self,
+        request: Request,
+        num_new_tokens: Any,
+        num_new_computed_tokens: Any,
+        new_computed_blocks: KVCacheBlocks | None,
+        num_lookahead_tokens: Any,
+        num_external_computed_tokens: Any,
+        delay_cache_blocks: bool,
+        num_encoder_tokens: Any,
+    ) -> KVCacheBlocks | None:
+        """The one allocation route: the checks, then the changes in one transaction."""
+        running = request._kv_owner is self
+        num_new, num_hit, num_lookahead, num_external, num_encoder = self._checked_counts(
+            request,
+            running,
             (
                 num_new_tokens,
                 num_new_computed_tokens,
                 num_lookahead_tokens,
                 num_external_computed_tokens,
                 num_encoder_tokens,
-            ) = self._check_allocation(
-                request,
-                running,
-                num_new_tokens,
-                num_new_computed_tokens,
-                new_computed_blocks,
-                num_lookahead_tokens,
-                num_external_computed_tokens,
-                num_encoder_tokens,
-            )
-        elif self._fast_decode:
-            # The step of a running request: each part of the full path runs
-            # only if the limits noted by the last full call for this request
-            # (see _note_decode_limits) say it has something to do. Most
-            # decode steps allocate nothing (the slots suffice in every
-            # group), complete no block for the hasher, cache nothing and
-            # free nothing: they return here.
-            num_computed = request.num_computed_tokens
-            num_tokens = len(request._all_token_ids)
-            need = num_computed + num_new_tokens
-            if (
-                num_computed.__class__ is int
-                and num_computed <= num_tokens
-                and need <= self.max_model_len
-            ):
-                grow = need + num_lookahead_tokens > request._kv_slots
-                num_to_cache = need if need < num_tokens else num_tokens
-                cache = not delay_cache_blocks and num_to_cache >= request._kv_cache_at
-                request_id = request.request_id
-                skip = False
-                for tables, block_size, skipped_tokens in self._fast_windowed:
-                    skipped = skipped_tokens(num_computed) // block_size
-                    if skipped > 0:
-                        table = tables.get(request_id)
-                        # The base class frees back from the last skipped
-                        # block (as far as the table goes) to the first null.
-                        if table and table[(skipped if skipped < len(table) else len(table)) - 1]:
-                            skip = True
-                            break
-                if not (
-                    grow
-                    or cache
-                    or skip
-                    or num_tokens >= (len(request.block_hashes) + 1) * self._hash_unit
-                ):
-                    return self.empty_kv_cache_blocks
-                num_need_slot = need + num_lookahead_tokens
-                return self._running_step(
-                    request, num_computed, num_need_slot, num_to_cache, grow, cache, skip
-                )
-        request_id = request.request_id
-        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
-        num_computed = num_local_computed + num_external_computed_tokens
-        num_tokens = len(request._all_token_ids)
-        if num_computed.__class__ is not int or num_computed > num_tokens:
-            self._refuse_computed(request, num_new_computed_tokens, num_external_computed_tokens)
-        max_model_len = self.max_model_len
-        if num_computed + num_new_tokens > max_model_len:
-            msg = (
-                f"request {request_id!r} would hold {num_computed + num_new_tokens} "
-                f"tokens ({num_computed} computed + {num_new_tokens} new), more than "
-                f"max_model_len={max_model_len}; cap num_new_tokens at "
-                f"{max_model_len - num_computed}"
-            )
-            raise RequestTooLongError(msg)
-        enable_caching = self.enable_caching
-        if enable_caching:
-            # Hashing checks the token ids, before anything changes.
-            self._hasher.update(request)
-        if new_computed_blocks is None:
-            hits = self._no_hits
-            has_hits = False
-            if num_new_computed_tokens:
-                check_cache_hit(self.coordinator, request, hits, num_new_computed_tokens, 0)
-        else:
-            hits = new_computed_blocks.blocks
-            has_hits = any(hits)
-            if not running and (
-                has_hits or num_new_computed_tokens or len(hits) != len(self._no_hits)
-            ):
-                check_cache_hit(
-                    self.coordinator, request, hits, num_new_computed_tokens, num_computed
-                )
-        # Lookahead slots past the end of the model are never used.
-        num_need_slot = num_computed + num_new_tokens + num_lookahead_tokens
-        if num_need_slot > max_model_len:
-            num_need_slot = max_model_len
-        coordinator = self.coordinator
-        pool = self.block_pool
-        # self._checkpoint(), inlined: this is the decode step's path.
-        undo = self._undo
-        if pool._log is not undo:
-            pool.begin()
-        elif undo:
-            undo.clear()
-        try:
-            if self._has_windowed_groups:
-                coordinator.remove_skipped_blocks(request_id, num_computed)
-            num_blocks = coordinator.get_num_blocks_to_allocate(
-                request_id, num_need_slot, hits, num_encoder_tokens, num_computed
-            )
-            if num_blocks > self._free_queue.num_free:
-                return None  # the blocks freed above stay free: nobody needs them
-            if has_hits or num_external_computed_tokens > 0:
-                coordinator.allocate_new_computed_blocks(
-                    request_id, hits, num_local_computed, num_external_computed_tokens
-                )
-            new_blocks = coordinator.allocate_new_blocks(
-                request_id, num_need_slot, num_encoder_tokens
-            )
-            if enable_caching and not delay_cache_blocks:
-                # Unverified draft tokens past the request's tokens are not cached.
-                num_to_cache = num_computed + num_new_tokens
-                coordinator.cache_blocks(
-                    request, num_to_cache if num_to_cache < num_tokens else num_tokens
-                )
-        except BaseException:
-            pool.rollback()
-            raise
-        if not running:
-            request._kv_owner = self
-            self._requests[request_id] = request
-        if self._fast_decode:
-            self._note_decode_limits(request)
-        if not any(new_blocks):
-            return self.empty_kv_cache_blocks
-        return KVCacheBlocks(new_blocks)
-
-    def _running_step(
-        self,
-        request: Request,
-        num_computed: int,
-        num_need_slot: int,
-        num_to_cache: int,
-        grow: bool,
-        cache: bool,
-        skip: bool,
-    ) -> KVCacheBlocks | None:
-        """The full path of ``allocate_slots`` for a running request, minus the no-ops.
-
-        The same calls in the same order (hashing, skipped blocks, the count
-        and the refusal, the allocation, caching), each made only when its
-        flag says the base class would do something: ``grow``, the slots do
-        not suffice; ``cache``, a block becomes full; ``skip``, a windowed
-        group has a block to free. Only for managers that follow the base
-        class there (``_fast_decode``).
-        """
+            ),
+            new_computed_blocks,
+        )
+        num_computed = self._checked_computed(request, running, num_new, num_hit, num_external)
         if self.enable_caching:
             # Hashing checks the token ids, before anything changes.
             self._hasher.update(request)
-        if num_need_slot > self.max_model_len:
-            num_need_slot = self.max_model_len
+        hits = self._checked_hits(request, running, new_computed_blocks, num_hit, num_computed)
+        # Lookahead slots past the end of the model are never used.
+        num_need_slot = min(num_computed + num_new + num_lookahead, self.max_model_len)
+        num_to_cache = (
+            None if delay_cache_blocks else min(num_computed + num_new, request.num_tokens)
+        )
         request_id = request.request_id
-        coordinator = self.coordinator
-        pool = self.block_pool
-        undo = self._undo
-        if pool._log is not undo:
-            pool.begin()
-        elif undo:
-            undo.clear()
-        new_blocks = None
-        try:
-            if skip:
-                coordinator.remove_skipped_blocks(request_id, num_computed)
-            if grow:
-                num_blocks = coordinator.get_num_blocks_to_allocate(
-                    request_id, num_need_slot, self._no_hits, 0, num_computed
-                )
-                if num_blocks > self._free_queue.num_free:
-                    return None  # the blocks freed above stay free: nobody needs them
-                new_blocks = coordinator.allocate_new_blocks(request_id, num_need_slot, 0)
-            if cache:
-                coordinator.cache_blocks(request, num_to_cache)
-        except BaseException:
-            pool.rollback()
-            raise
-        if grow or cache:
-            self._note_decode_limits(request)
-        if new_blocks is None or not any(new_blocks):
-            return self.empty_kv_cache_blocks
-        return KVCacheBlocks(new_blocks)
+        with self.block_pool.transaction():
+            new_blocks = self._change_tables(
+                request,
+                hits,
+                num_computed - num_external,
+                num_external,
+                num_need_slot,
+                num_encoder,
+                num_to_cache,
+            )
+            # Asked inside the transaction: a manager that raises here undoes the step.
+            holds_blocks = running or new_blocks is not None
+            if holds_blocks:
+                steady = self._steady_after(request)
+        if holds_blocks:
+            self._steady[request_id] = steady
+        if new_blocks is None:
+            return None
+        if not running:
+            request._kv_owner = self
+            self._requests[request_id] = request
+        return KVCacheBlocks(new_blocks) if any(new_blocks) else self.empty_kv_cache_blocks
 
-    def _note_decode_limits(self, request: Request) -> None:
-        """Note on ``request`` what the decode fast path of ``allocate_slots`` tests.
+    def _change_tables(
+        self,
+        request: Request,
+        hits: tuple[Sequence[int], ...],
+        num_local_computed: int,
+        num_external: int,
+        num_need_slot: int,
+        num_encoder: int,
+        num_to_cache: int | None,
+    ) -> tuple[list[int], ...] | None:
+        """Free skipped blocks, then adopt, allocate and cache, or return ``None`` if no room.
 
-        ``_kv_slots``: tokens the request has slots for in every decoder
-        group (a smaller need allocates nothing, in the base class's rule),
-        less each group's ``decode_room_tokens``.
-        ``_kv_cache_at``: the computed-token count at which some cacheable
-        group caches its next block. Noted after every full call for the
-        request (and after ``cache_blocks``); the tables change only in those.
+        Runs inside the caller's transaction. The skipped blocks freed before
+        a refusal stay free: nobody needs them.
         """
         request_id = request.request_id
-        slots = _NO_LIMIT
-        for manager in self._decoder_groups:
-            table = manager.req_to_blocks.get(request_id)
-            held = len(table) * manager.block_size if table is not None else 0
-            held -= manager.decode_room_tokens
-            if held < slots:
-                slots = held
-        request._kv_slots = slots if self._decoder_groups else 0
-        cache_at = _NO_LIMIT
-        for manager in self._fast_cacheable:
-            next_full = (manager.num_cached_block.get(request_id, 0) + 1) * manager.block_size
-            if next_full < cache_at:
-                cache_at = next_full
-        request._kv_cache_at = cache_at
+        coordinator = self.coordinator
+        num_computed = num_local_computed + num_external
+        if coordinator.windowed:
+            coordinator.remove_skipped_blocks(request_id, num_computed)
+        num_blocks = coordinator.get_num_blocks_to_allocate(
+            request_id, num_need_slot, hits, num_encoder, num_computed
+        )
+        if num_blocks > self.block_pool.num_free:
+            return None
+        if any(hits) or num_external > 0:
+            coordinator.allocate_new_computed_blocks(
+                request_id, hits, num_local_computed, num_external
+            )
+        new_blocks = coordinator.allocate_new_blocks(request_id, num_need_slot, num_encoder)
+        if self.enable_caching and num_to_cache is not None:
+            coordinator.cache_blocks(request, num_to_cache)
+        return new_blocks
 
-    def _check_allocation(
+    def _steady_after(self, request: Request) -> int:
+        """Ask the groups when the request's next change comes (after its tables changed)."""
+        return self.coordinator.steady_until(request.request_id, request.num_computed_tokens)
+
+    # -- the checks of the allocation route ---------------------------------------------
+
+    def _checked_counts(
         self,
         request: Request,
         running: bool,
-        num_new_tokens: Any,
-        num_new_computed_tokens: Any,
+        counts: tuple[Any, Any, Any, Any, Any],
         new_computed_blocks: KVCacheBlocks | None,
-        num_lookahead_tokens: Any,
-        num_external_computed_tokens: Any,
-        num_encoder_tokens: Any,
     ) -> tuple[int, int, int, int, int]:
-        """The checks of ``allocate_slots`` past the decode step's: counts and request state.
+        """The counts as plain ints (numpy integers converted), and the request's state.
 
-        Returns the counts as plain ints (numpy integers are converted).
+        ``counts``: new, hit, lookahead, external and encoder tokens.
         """
-        counts = (
-            num_new_tokens,
-            num_new_computed_tokens,
-            num_lookahead_tokens,
-            num_external_computed_tokens,
-            num_encoder_tokens,
-        )
         if {*map(type, counts)} != _INT or min(counts) < 0:
-            num_new_tokens = checked_count("num_new_tokens", num_new_tokens)
-            num_new_computed_tokens = checked_count(
-                "num_new_computed_tokens", num_new_computed_tokens
+            names = (
+                "num_new_tokens",
+                "num_new_computed_tokens",
+                "num_lookahead_tokens",
+                "num_external_computed_tokens",
+                "num_encoder_tokens",
             )
-            num_lookahead_tokens = checked_count("num_lookahead_tokens", num_lookahead_tokens)
-            num_external_computed_tokens = checked_count(
-                "num_external_computed_tokens", num_external_computed_tokens
+            counts = tuple(  # type: ignore[assignment]
+                checked_count(name, value) for name, value in zip(names, counts, strict=True)
             )
-            num_encoder_tokens = checked_count("num_encoder_tokens", num_encoder_tokens)
+        num_new, num_hit, _, num_external, _ = counts
         if not running:
-            if request._kv_owner is not None:
-                raise _foreign(request)
-            if request.request_id in self._requests:
-                msg = (
-                    f"request {request.request_id!r}: another Request object with id "
-                    f"{request.request_id!r} holds blocks of this manager; request ids must "
-                    "be unique among live requests (free the other one first)"
-                )
-                raise RequestStateError(msg)
-        elif (
-            num_new_computed_tokens
-            or num_external_computed_tokens
-            or (new_computed_blocks is not None and any(new_computed_blocks.blocks))
-        ):
-            raise _adopted_once(request, num_new_computed_tokens, new_computed_blocks)
-        if not num_new_tokens and not num_external_computed_tokens:
+            self._check_admissible(request)
+        elif num_hit or num_external or (new_computed_blocks and any(new_computed_blocks.blocks)):
+            raise _adopted_once(request, num_hit, new_computed_blocks)
+        if not num_new and not num_external:
             msg = (
                 f"request {request.request_id!r}: num_new_tokens must be > 0 when there "
                 "are no external computed tokens"
             )
             raise InvalidRequestError(msg)
-        return (
-            num_new_tokens,
-            num_new_computed_tokens,
-            num_lookahead_tokens,
-            num_external_computed_tokens,
-            num_encoder_tokens,
-        )
+        return counts
+
+    def _check_admissible(self, request: Request) -> None:
+        """A request holding no blocks: not another manager's, its id free, nothing computed."""
+        if request._kv_owner is not None:
+            raise _foreign(request)
+        if request.request_id in self._requests:
+            msg = (
+                f"request {request.request_id!r}: another Request object with id "
+                f"{request.request_id!r} holds blocks of this manager; request ids must "
+                "be unique among live requests (free the other one first)"
+            )
+            raise RequestStateError(msg)
+        if request.num_computed_tokens != 0:
+            msg = (
+                f"request {request.request_id!r} holds no blocks but has "
+                f"num_computed_tokens={request.num_computed_tokens!r}: tokens computed "
+                "before have no KV anywhere (a preempted request is freed and starts over); "
+                "set num_computed_tokens to 0 and pass a cache hit or external tokens instead"
+            )
+            raise InvalidRequestError(msg)
+
+    def _checked_computed(
+        self, request: Request, running: bool, num_new: int, num_hit: int, num_external: int
+    ) -> int:
+        """The computed tokens (local, hit, external): tokens of the request, within the limit."""
+        num_computed = request.num_computed_tokens + num_hit + num_external
+        if num_computed.__class__ is not int or num_computed > request.num_tokens:
+            self._refuse_computed(request, num_hit, num_external)
+        if num_computed + num_new > self.max_model_len:
+            msg = (
+                f"request {request.request_id!r} would hold {num_computed + num_new} "
+                f"tokens ({num_computed} computed + {num_new} new), more than "
+                f"max_model_len={self.max_model_len}; cap num_new_tokens at "
+                f"{self.max_model_len - num_computed}"
+            )
+            raise RequestTooLongError(msg)
+        return num_computed
+
+    def _checked_hits(
+        self,
+        request: Request,
+        running: bool,
+        new_computed_blocks: KVCacheBlocks | None,
+        num_hit: int,
+        num_computed: int,
+    ) -> tuple[Sequence[int], ...]:
+        """The hit blocks to adopt, checked to be this request's (hashes up to date)."""
+        if new_computed_blocks is None:
+            if num_hit:
+                self.coordinator.check_hit(request, self.empty_kv_cache_blocks.blocks, num_hit, 0)
+            return self.empty_kv_cache_blocks.blocks
+        hits = new_computed_blocks.blocks
+        if not running:
+            self.coordinator.check_hit(request, hits, num_hit, num_computed)
+        return hits
 
     @staticmethod
     def _refuse_computed(request: Request, num_hit: int, num_external: int) -> None:
@@ -686,28 +625,17 @@ class KVCacheManager:
         )
         raise InvalidRequestError(msg)
 
-    def _checkpoint(self) -> None:
-        """Start recording this operation's changes (forget the previous one's).
+    def _enter(self) -> None:
+        """Hold the manager for this call, or refuse a call from a second thread."""
+        if not self._busy.acquire(blocking=False):
+            msg = (
+                "KVCacheManager was called from two threads at once; a manager is "
+                "single-threaded: call it from one scheduler thread (or serialise the "
+                "calls with a lock of your own)"
+            )
+            raise ConcurrentUseError(msg)
 
-        The pool records every change while this manager lives: an operation
-        only drops what the previous one recorded (cheaper than starting and
-        ending a transaction around every decode step). After a rollback,
-        recording is started again.
-        """
-        undo = self._undo
-        if self.block_pool._log is not undo:
-            self.block_pool.begin()
-        elif undo:
-            undo.clear()
-
-    def _run(self, operation: Any, *arguments: Any) -> None:
-        """Run ``operation(*arguments)`` so that it completes or changes nothing."""
-        self._checkpoint()
-        try:
-            operation(*arguments)
-        except BaseException:
-            self.block_pool.rollback()
-            raise
+    # -- freeing and caching ----------------------------------------------------------
 
     def free(self, request: Request) -> None:
         """Release every block of a finished or preempted request.
@@ -720,24 +648,22 @@ class KVCacheManager:
         Raises:
             RequestStateError: the request holds blocks of another manager;
                 nothing changes.
+            ConcurrentUseError: another thread is inside this manager.
         """
         owner = request._kv_owner
         if owner is not self:
             if owner is None:
                 return
             raise _foreign(request)
-        # What _run(coordinator.free, ...) does, two calls fewer: free runs
-        # once per finished request, mostly on short or windowed tables.
-        request_id = request.request_id
-        self._checkpoint()
+        self._enter()
         try:
-            for manager in self._managers:
-                manager.free(request_id)
-        except BaseException:
-            self.block_pool.rollback()
-            raise
-        request._kv_owner = None
-        del self._requests[request_id]
+            with self.block_pool.transaction():
+                self.coordinator.free(request.request_id)
+            request._kv_owner = None
+            del self._requests[request.request_id]
+            del self._steady[request.request_id]
+        finally:
+            self._busy.release()
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache the request's blocks that are full after ``num_computed_tokens`` tokens.
@@ -749,9 +675,9 @@ class KVCacheManager:
             InvalidRequestError: ``num_computed_tokens`` is not an integer >=
                 0, or is more than the request's tokens or slots.
             RequestStateError: the request holds no blocks of this manager.
+            ConcurrentUseError: another thread is inside this manager.
         """
-        if num_computed_tokens.__class__ is not int or num_computed_tokens < 0:
-            num_computed_tokens = checked_count("num_computed_tokens", num_computed_tokens)
+        num_computed_tokens = checked_count("num_computed_tokens", num_computed_tokens)
         if not self.enable_caching:
             return
         if request._kv_owner is not self:
@@ -768,10 +694,15 @@ class KVCacheManager:
             )
             raise InvalidRequestError(msg)
         self._check_slots(request.request_id, num_computed_tokens, "num_computed_tokens")
-        self._hasher.update(request)
-        self._run(self.coordinator.cache_blocks, request, num_computed_tokens)
-        if self._fast_decode:
-            self._note_decode_limits(request)
+        self._enter()
+        try:
+            self._hasher.update(request)
+            with self.block_pool.transaction():
+                self.coordinator.cache_blocks(request, num_computed_tokens)
+                steady = self._steady_after(request)
+            self._steady[request.request_id] = steady
+        finally:
+            self._busy.release()
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Free the request's blocks that fell out of every windowed type's window.
@@ -782,19 +713,31 @@ class KVCacheManager:
             InvalidRequestError: ``total_computed_tokens`` is not an integer >=
                 0, or is more than the tokens the request has slots for (it
                 would free blocks the request still reads).
+            ConcurrentUseError: another thread is inside this manager.
         """
-        if total_computed_tokens.__class__ is not int or total_computed_tokens < 0:
-            total_computed_tokens = checked_count("total_computed_tokens", total_computed_tokens)
-        if request_id not in self._requests:
+        total_computed_tokens = checked_count("total_computed_tokens", total_computed_tokens)
+        request = self._requests.get(request_id)
+        if request is None:
             return
-        if self._decoder_groups:
+        if self.coordinator.decoder_groups:
             self._check_slots(request_id, total_computed_tokens, "total_computed_tokens")
-        if self._has_windowed_groups:
-            self._run(self.coordinator.remove_skipped_blocks, request_id, total_computed_tokens)
+        if not self.coordinator.windowed:
+            return
+        self._enter()
+        try:
+            with self.block_pool.transaction():
+                self.coordinator.remove_skipped_blocks(request_id, total_computed_tokens)
+                steady = self._steady_after(request)
+            self._steady[request_id] = steady
+        finally:
+            self._busy.release()
 
     def _check_slots(self, request_id: str, num_tokens: int, name: str) -> None:
         slots = max(
-            (len(m.get_block_ids(request_id)) * m.block_size for m in self._decoder_groups),
+            (
+                len(m.get_block_ids(request_id)) * m.block_size
+                for m in self.coordinator.decoder_groups
+            ),
             default=0,
         )
         if num_tokens > slots:

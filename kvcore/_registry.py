@@ -18,7 +18,12 @@ from typing import Any, Generic
 import attrs
 
 from kvcore._contract import check_manager_class, check_spec_class, qualname
-from kvcore._hook_collection import COLLECTED_HOOKS, CollectedHook, collected_hook
+from kvcore._hook_collection import (
+    COLLECTED_HOOKS,
+    CollectedHook,
+    PluginPolicyFactory,
+    collected_hook,
+)
 from kvcore._planning.layer_config import LayerKind, PlanOption
 from kvcore._plugin_calls import call_plugin, how_to_disable
 from kvcore.errors import (
@@ -369,9 +374,6 @@ class Registry:
         naming the plugin. The policies kvcore provides itself are not listed here
         (:func:`kvcore.available_eviction_policies` lists both).
         """
-        # Imported here: the eviction registry imports the block pool's policies.
-        from kvcore._eviction.registry import PluginPolicyFactory
-
         claims = self.claims("kvcore_eviction_policies")
         return MappingProxyType(
             {

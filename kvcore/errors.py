@@ -43,6 +43,7 @@ __all__ = [
     "InvalidBlockError",
     "DoubleFreeError",
     "OutOfBlocksError",
+    "ConcurrentUseError",
     "PrefixCachingNotSupportedError",
     "TraceFormatError",
 ]
@@ -157,6 +158,17 @@ class OutOfBlocksError(KVCoreError, RuntimeError):
 
     ``KVCacheManager.allocate_slots`` never raises this: it checks capacity
     first and returns ``None``. Calling the pool directly can raise it.
+    """
+
+
+class ConcurrentUseError(KVCoreError, RuntimeError):
+    """Two threads called one :class:`~kvcore.KVCacheManager` at the same time.
+
+    A manager is single-threaded: an engine's scheduler calls it from one
+    thread (vLLM's does). The second call is refused before it changes
+    anything; the first one completes. Serialise the calls (one scheduler
+    thread, or a lock of the engine's own) or give each thread its own
+    manager and pool.
     """
 
 

@@ -29,18 +29,26 @@ The base-class methods record every change they make to ``req_to_blocks`` and
 ``num_cached_block``; a subclass that changes them itself records its
 changes the same way.
 
-The base class calls the pool's unchecked variants (``_touch``,
-``_free_blocks``, ``_free_table``, ``_cache_full_blocks``) on its own tables
-and on hits the engine-facing manager has already checked: past the boundary
-the hot path trusts its data. A subclass calls the public, checking methods.
+The base class calls the pool's unchecked variants (``_touch``, ``_take``,
+``_release``, ``_cache_full_blocks``) on its own tables and on hits the
+engine-facing manager has already checked: past the boundary the hot path
+trusts its data. A subclass calls the public, checking methods.
+
+A running request's decode steps mostly change nothing: the engine-facing
+manager skips the managers for them as long as the request stays within
+every group's :meth:`SingleTypeManager.steady_until`. A subclass that
+allocates, caches or frees by another rule than the base class overrides that
+method to match (:func:`kvcore.testing.check_plugin` checks that it does).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Hashable, MutableMapping, Sequence
 from typing import Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
 
-from kvcore._block_pool import NULL_BLOCK, BlockPool
+from kvcore._block_pool import BlockPool
+from kvcore._blocks import NULL_BLOCK
 from kvcore._hashing import BlockHashView
 from kvcore._request import Request
 from kvcore._utils import cdiv
@@ -62,6 +70,11 @@ __all__ = [
 SpecT = TypeVar("SpecT", bound=KVCacheSpec)
 
 _MISSING: Any = object()
+
+# Token counts beyond any request: where a search for the next skip gives up,
+# and what it answers then.
+_FAR = 1 << 40
+_NEVER = 1 << 62
 
 
 # Undo steps for the table changes of the base class (see BlockPool.record).
@@ -87,6 +100,21 @@ def _undo_forget(
 
 def _undo_nulls(table: list[int], first: int, blocks: list[int]) -> None:
     table[first : first + len(blocks)] = blocks
+
+
+def _without_leading_nulls(table: list[int]) -> list[int]:
+    """``table`` from its first non-null block on (a windowed table starts with nulls).
+
+    A bisection finds where a table of nulls-then-blocks turns, and a C-level
+    count checks that everything before is null (a table of another shape is
+    returned whole: its nulls are skipped by the release).
+    """
+    if table[0]:
+        return table
+    start = bisect_left(table, True, key=bool)
+    if table[:start].count(NULL_BLOCK) == start:
+        return table[start:]
+    return table
 
 
 class CachedBlockLookup(Protocol):
@@ -188,7 +216,9 @@ class SingleTypeManager(Generic[SpecT]):
         block_pool: The shared :class:`~kvcore.BlockPool`.
         kv_cache_group_id: Index of the group in the KV cache config.
         enable_caching: Whether prefix caching is on.
-        null_block: :data:`~kvcore.NULL_BLOCK`.
+        null_block: The null block id (0).
+        caches_blocks: Whether the group caches full blocks (prefix caching
+            on and the type cacheable).
         req_to_blocks: Block table per request id (null blocks where the
             type dropped a block).
         num_cached_block: Per *running* request, how many leading blocks of its
@@ -218,19 +248,6 @@ class SingleTypeManager(Generic[SpecT]):
     #: :meth:`get_num_skipped_tokens` or :meth:`remove_skipped_blocks`
     #: without setting it is refused by the registry.
     frees_skipped_blocks: ClassVar[bool] = False
-    #: Set by a class that overrides :meth:`get_num_blocks_to_allocate`,
-    #: :meth:`allocate_new_blocks` or :meth:`cache_blocks` but, for a running
-    #: request adopting no hit, does nothing whenever the base class would do
-    #: nothing with :attr:`decode_room_tokens` more tokens (and caches by the
-    #: base class's rule). The engine-facing manager's decode fast path may
-    #: then skip those calls for its groups, as it does for a class that
-    #: overrides none of them; otherwise every step of a running request
-    #: takes the full path.
-    decode_follows_base: ClassVar[bool] = False
-    #: Tokens of room the type allocates past a request's tokens (e.g. for
-    #: speculative states); what :attr:`decode_follows_base` adds. Plain
-    #: attribute, read on the decode path: set it in ``__init__``.
-    decode_room_tokens: int = 0
 
     @classmethod
     def is_prefix_cacheable(cls, spec: SpecT) -> bool:
@@ -290,6 +307,8 @@ class SingleTypeManager(Generic[SpecT]):
         self.req_to_blocks: dict[str, list[int]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.null_block = NULL_BLOCK
+        #: Whether this group puts full blocks in the prefix cache.
+        self.caches_blocks = enable_caching and self.is_prefix_cacheable(spec)
 
     # -- what differs per attention type ----------------------------------------------
 
@@ -415,14 +434,11 @@ class SingleTypeManager(Generic[SpecT]):
             msg = "cache-hit blocks were given, but prefix caching is disabled"
             raise InvalidCacheHitError(msg)
         pool = self.block_pool
-        log = pool._log
         if table is None:
             table = self.req_to_blocks[request_id] = []
-            if log is not None:
-                log.append((_undo_set, (self.req_to_blocks, request_id, _MISSING)))
-        if log is not None:
-            log.append((_undo_truncate, (table, 0)))
-            log.append((_undo_set, (self.num_cached_block, request_id, _MISSING)))
+            pool.record(_undo_set, self.req_to_blocks, request_id, _MISSING)
+        pool.record(_undo_truncate, table, 0)
+        pool.record(_undo_set, self.num_cached_block, request_id, _MISSING)
         if self.enable_caching:
             pool._touch(new_computed_blocks)
         if num_skipped_blocks:
@@ -432,7 +448,7 @@ class SingleTypeManager(Generic[SpecT]):
         self.num_cached_block[request_id] = len(table)
         if num_external_computed_tokens > 0:
             num_external_blocks = cdiv(num_total_computed, self.block_size) - len(table)
-            table.extend(pool.get_new_blocks(num_external_blocks))
+            table.extend(pool._take(num_external_blocks))
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
         """Grow the request's table so it has slots for ``num_tokens`` tokens.
@@ -440,18 +456,16 @@ class SingleTypeManager(Generic[SpecT]):
         Returns:
             The newly allocated blocks (empty if the table was big enough).
         """
+        pool = self.block_pool
         table = self.req_to_blocks.get(request_id)
-        log = self.block_pool._log
         if table is None:
             table = self.req_to_blocks[request_id] = []
-            if log is not None:
-                log.append((_undo_set, (self.req_to_blocks, request_id, _MISSING)))
+            pool.record(_undo_set, self.req_to_blocks, request_id, _MISSING)
         num_new = -(-num_tokens // self.block_size) - len(table)
         if num_new <= 0:
             return []
-        new_blocks = self.block_pool.get_new_blocks(num_new)
-        if log is not None:
-            log.append((_undo_truncate, (table, len(table))))
+        new_blocks = pool._take(num_new)
+        pool.record(_undo_truncate, table, len(table))
         table.extend(new_blocks)
         return new_blocks
 
@@ -471,9 +485,12 @@ class SingleTypeManager(Generic[SpecT]):
             self.block_size,
             self.kv_cache_group_id,
         )
-        if pool._log is not None:
-            old = self.num_cached_block.get(request_id, _MISSING)
-            pool._log.append((_undo_set, (self.num_cached_block, request_id, old)))
+        pool.record(
+            _undo_set,
+            self.num_cached_block,
+            request_id,
+            self.num_cached_block.get(request_id, _MISSING),
+        )
         self.num_cached_block[request_id] = num_full
 
     def free(self, request_id: str) -> None:
@@ -484,10 +501,9 @@ class SingleTypeManager(Generic[SpecT]):
         table = self.req_to_blocks.pop(request_id, _MISSING)
         num_cached = self.num_cached_block.pop(request_id, _MISSING)
         pool = self.block_pool
-        if pool._log is not None:
-            pool._log.append((_undo_forget, (self, request_id, table, num_cached)))
+        pool.record(_undo_forget, self, request_id, table, num_cached)
         if table is not _MISSING and table:
-            pool._free_table(table)
+            pool._release(_without_leading_nulls(table)[::-1])
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Free the blocks the request's next token no longer attends to.
@@ -514,9 +530,71 @@ class SingleTypeManager(Generic[SpecT]):
             first -= 1
         removed = table[first:num_skipped_blocks]
         # Freed last to first, as the whole table is at the end.
-        self.block_pool._free_table(removed)
+        self.block_pool._release(removed[::-1])
         table[first:num_skipped_blocks] = [NULL_BLOCK] * len(removed)
         self.block_pool.record(_undo_nulls, table, first, removed)
+
+    def steady_until(self, request_id: str, num_computed_tokens: int) -> int:
+        """The most tokens a running request can need before this group changes anything.
+
+        A decode step of a running request that adopts nothing, whose
+        computed plus new plus lookahead tokens stay at or below this count,
+        allocates, caches and frees nothing in this group: the engine-facing
+        manager then does not call the group for it. Asked after every
+        operation that may change the request's table (its answer may only
+        depend on the table and ``num_computed_tokens``).
+
+        The base answer follows the base class's rules: the slots the table
+        holds; one token short of the next block filling up (when the group
+        caches); and, for a type that frees skipped blocks, the first
+        computed-token count at which :meth:`get_num_skipped_tokens` covers
+        the oldest block still held (a step that needs that many tokens has
+        computed at most one fewer). A subclass that allocates, caches or
+        frees by other rules overrides this (returning
+        ``num_computed_tokens`` is always correct: every step then takes the
+        full route).
+
+        Args:
+            request_id: A running request of this group.
+            num_computed_tokens: Its computed tokens now.
+        """
+        table = self.req_to_blocks.get(request_id)
+        if not table:
+            return num_computed_tokens
+        block_size = self.block_size
+        limit = len(table) * block_size
+        if self.caches_blocks:
+            limit = min(limit, (self.num_cached_block.get(request_id, 0) + 1) * block_size - 1)
+        if self.frees_skipped_blocks:
+            limit = min(limit, self._next_skip(table, num_computed_tokens))
+        return limit
+
+    def _next_skip(self, table: Sequence[int], num_computed_tokens: int) -> int:
+        """The least computed-token count at which the oldest held block is skipped.
+
+        :meth:`get_num_skipped_tokens` never decreases, so the count is found
+        by doubling, then bisection (a few dozen calls, made once per block).
+        """
+        first_held = bisect_left(table, True, key=bool)
+        target = (first_held + 1) * self.block_size
+        skipped = self.get_num_skipped_tokens
+        low = num_computed_tokens
+        if skipped(low) >= target:
+            return low
+        if skipped(_FAR) < target:
+            return _NEVER  # the type stops skipping before this block
+        step = 1
+        while skipped(low + step) < target:
+            low += step
+            step *= 2
+        high = low + step
+        while high - low > 1:
+            middle = (low + high) // 2
+            if skipped(middle) >= target:
+                high = middle
+            else:
+                low = middle
+        return high
 
     def new_step_starts(self) -> None:
         """A new scheduling step begins (the engine calls it once per step).

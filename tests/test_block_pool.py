@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from protocol_adapters import rolled_back
 
 import kvcore
 from kvcore import BlockPool, Request
@@ -354,11 +355,13 @@ def test_rollback_restores_the_pool_exactly(seed, num_groups):
         random_operation(pool, rng, held, request, num_groups)
     before = full_state(pool)
     saved = list(held)
-    assert pool.begin()
-    assert not pool.begin()  # already recording: the changes join the running transaction
-    for _ in range(rng.randint(1, 12)):
-        random_operation(pool, rng, held, request, num_groups)
-    pool.rollback()
+    with rolled_back(pool):
+        # A transaction inside a running one joins it: the outer one undoes both.
+        with pool.transaction():
+            for _ in range(rng.randint(1, 6)):
+                random_operation(pool, rng, held, request, num_groups)
+        for _ in range(rng.randint(0, 6)):
+            random_operation(pool, rng, held, request, num_groups)
     assert full_state(pool) == before
     pool.check_invariants()
     # The pool goes on as if the transaction never ran.
@@ -370,12 +373,23 @@ def test_rollback_restores_the_pool_exactly(seed, num_groups):
 
 def test_commit_keeps_the_changes_and_stops_recording():
     pool = BlockPool(8)
-    assert pool.begin()
-    blocks = pool.get_new_blocks(2)
-    pool.commit()
-    pool.rollback()  # nothing recorded: nothing undone
+    with pool.transaction():
+        blocks = pool.get_new_blocks(2)
+    # Committed: a later transaction that fails undoes only its own changes.
+    with rolled_back(pool):
+        pool.get_new_blocks(1)
     assert [pool.ref_count(b) for b in blocks] == [1, 1]
     assert pool.get_num_free_blocks() == 5
+
+
+def test_a_public_method_that_fails_changes_nothing():
+    pool = BlockPool(8)
+    blocks = pool.get_new_blocks(3)
+    before = pool.free_block_ids()
+    with pytest.raises(kvcore.DoubleFreeError):
+        pool.free_blocks([blocks[0], blocks[1], blocks[0]])
+    assert pool.free_block_ids() == before
+    assert [pool.ref_count(b) for b in blocks] == [1, 1, 1]
 
 
 def test_cached_blocks_lists_duplicates_first_found_first():

@@ -260,6 +260,9 @@ def test_a_declared_remove_skipped_blocks_is_called_for_every_allocation():
                 self.block_pool.free_blocks([table[1]])
                 table[1] = kvcore.NULL_BLOCK
 
+        def steady_until(self, request_id: str, num_computed_tokens: int) -> int:
+            return num_computed_tokens  # every step the full way
+
     registry = registry_of(ToySpec, Gap)
     manager = kvcore.KVCacheManager(
         kvcore.KVCacheConfig.from_specs(10, [toy()]), 64, registry=registry

@@ -100,8 +100,9 @@ def test_numpy_integers_are_token_counts(manager):
 
 
 def test_computed_tokens_beyond_the_request_are_refused(manager):
-    """The engine's num_computed_tokens (20) is past the request's 10 tokens."""
+    """A running request's num_computed_tokens (20) is past its 10 tokens."""
     request = Request("r", list(range(10)))
+    assert manager.allocate_slots(request, 8) is not None
     request.num_computed_tokens = 20
     refused(
         manager,
@@ -109,6 +110,26 @@ def test_computed_tokens_beyond_the_request_are_refused(manager):
         r"request 'r' has 10 tokens, fewer than the 20 computed \(num_computed_tokens=20 ",
         lambda: manager.allocate_slots(request, 4),
     )
+
+
+def test_a_request_holding_no_blocks_with_computed_tokens_is_refused(manager):
+    """Stale num_computed_tokens: its blocks would be cached with KV nobody wrote.
+
+    A request admitted with 8 computed tokens but no hit and no external
+    tokens would get blocks for its first 8 tokens that nothing ever fills,
+    cached under its hashes: a later request sharing the prompt would hit
+    them and read garbage. It is refused, and nothing is cached.
+    """
+    request = Request("r", list(range(10)))
+    request.num_computed_tokens = 8
+    refused(
+        manager,
+        InvalidRequestError,
+        r"request 'r' holds no blocks but has num_computed_tokens=8.*set num_computed_tokens to 0",
+        lambda: manager.allocate_slots(request, 2),
+    )
+    later = Request("later", list(range(10)))
+    assert manager.get_computed_blocks(later)[1] == 0
 
 
 def test_hit_and_external_tokens_beyond_the_request_are_refused(manager):

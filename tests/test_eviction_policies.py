@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import kvcore
 from kvcore import Request
-from kvcore._eviction.credit import JOIN, NOT_FREE, WORTHLESS, CreditQueues, DoubleFree
+from kvcore._eviction.credit import NOT_FREE, WORTHLESS, CreditQueues
 from kvcore._eviction.policies import ValuePolicy
 from kvcore.eviction import GroupInfo, PoolInfo
 from kvcore.testing import RandomWorkload, admit
@@ -61,15 +61,15 @@ def test_remove_and_move():
     assert not queues.is_free(2)
 
 
-def test_take_one_fresh_then_worthless_then_earliest_deadline_lower_class_on_ties():
+def test_take_fresh_then_worthless_then_earliest_deadline_lower_class_on_ties():
     queues = CreditQueues(5, credits=[0, 1])  # class 1: no credit, class 2: 1 release
-    assert queues.take_one() == 0  # fresh, in id order
+    assert queues.take(1)[0] == 0  # fresh, in id order
     assert queues.take(4) == [1, 2, 3, 4]
     queues.push(0, 2)  # clock 1, due 2
     queues.push(1, 1)  # clock 2, due 2: ties with 0, and class 1 goes first
     queues.push(2, 1)  # clock 3, due 3
     queues.push(3, WORTHLESS)
-    assert [queues.take_one() for _ in range(4)] == [3, 1, 0, 2]
+    assert [queues.take(1)[0] for _ in range(4)] == [3, 1, 0, 2]
     assert queues.class_of(1) == NOT_FREE
 
 
@@ -116,7 +116,7 @@ def test_a_joiner_whose_anchor_is_not_free_at_its_turn_goes_at_its_deadline():
     queues.push(1, 1)
     queues.remove(1)  # a hit took the anchor back
     assert list(queues) == [4, 2]
-    assert [queues.take_one(), queues.take_one()] == [4, 2]
+    assert [queues.take(1)[0], queues.take(1)[0]] == [4, 2]
 
 
 def test_a_joiner_freed_after_its_anchor_goes_right_behind_it():
@@ -129,7 +129,7 @@ def test_a_joiner_freed_after_its_anchor_goes_right_behind_it():
     queues.push_joiner(4, 1, 1)
     queues.push_joiner(5, 1, 1)
     assert list(queues) == [1, 5, 4, 2]
-    assert [queues.take_one() for _ in range(4)] == [1, 5, 4, 2]
+    assert [queues.take(1)[0] for _ in range(4)] == [1, 5, 4, 2]
 
 
 def test_a_joiner_due_after_its_anchor_is_not_pulled_forward():
@@ -163,11 +163,11 @@ def test_a_joiner_due_after_its_anchor_is_not_pulled_forward():
         max_size=60,
     ),
 )
-def test_take_one_and_take_hand_out_the_iteration_order(num_credits, num_used, ops):
+def test_take_hands_out_the_iteration_order(num_credits, num_used, ops):
     # The iteration order is its own algorithm (a min over the class heads by
     # deadline, then class, simulating the joiners that wait behind a free
-    # anchor at their turn); take_one must hand out its first block and leave
-    # the same order behind as take(1) does, and take(n) its first n blocks.
+    # anchor at their turn); take(1) must hand out its first block, and
+    # take(n) its first n blocks leaving the same order behind as n take(1).
     # Credits one release apart: equal deadlines across classes are common.
     # Blocks 6..11 are joiners of blocks 0..2, two each.
     credits = list(range(num_credits))
@@ -181,7 +181,7 @@ def test_take_one_and_take_hand_out_the_iteration_order(num_credits, num_used, o
         order = list(queues)
         assert order == list(twin)
         if op == "take" and order:
-            assert queues.take_one() == order[0] == twin.take(1)[0]
+            assert queues.take(1) == [order[0]] == twin.take(1)
             assert not queues.is_free(order[0])
             assert queues.class_of(order[0]) == NOT_FREE
             taken.append(order[0])
@@ -189,7 +189,7 @@ def test_take_one_and_take_hand_out_the_iteration_order(num_credits, num_used, o
             k = 1 + arg % len(order)
             assert queues.take(k) == order[:k]
             for _ in range(k):
-                twin.take_one()
+                twin.take(1)
             taken.extend(order[:k])
         elif op in ("push", "join") and taken:
             block = taken.pop(arg % len(taken))
@@ -361,7 +361,7 @@ def test_a_hit_count_saturates_in_the_top_hit_level(make_manager):
     # A block hit 12 times (its count saturates at 7) is in class 3, as one hit
     # twice; a block hit once is in class 2.
     manager = make_manager(num_blocks=12, block_size=4, eviction="frequency")
-    queues = manager.block_pool.policy._queues
+    queues = manager.block_pool._queue._queues
 
     def free_block_of(prefix):
         blocks, num_hit = manager.get_computed_blocks(Request("probe", [*prefix, 999]))
@@ -492,7 +492,7 @@ def test_admitted_blocks_follow_the_rule_block_by_block(
 
 @pytest.mark.parametrize("policy", ["admit", "frequency", "cost"])
 def test_a_double_free_met_mid_table_changes_nothing(policy: str) -> None:
-    """The fused release finds a count already at 0 after queueing a run: all put back."""
+    """A freed table with a block already at count 0: nothing is released, the queue unchanged."""
     pool = kvcore.BlockPool(12, eviction=policy)
     request = Request("a", list(range(24)))
     kvcore.BlockHasher(4).update(request)
@@ -504,10 +504,10 @@ def test_a_double_free_met_mid_table_changes_nothing(policy: str) -> None:
         pool.free_block_ids(),
         pool.get_num_free_blocks(),
     )
-    # Released last block first: table[5] .. table[2] are queued, then table[1]
+    # Released last block first: table[5] .. table[2] reach 0, then table[1]
     # has no count left.
     with pytest.raises(kvcore.DoubleFreeError, match=f"block {table[1]} "):
-        pool._free_table(table)
+        pool.free_blocks(table[::-1])
     after = (
         [pool.ref_count(block) for block in range(12)],
         pool.free_block_ids(),
@@ -515,50 +515,3 @@ def test_a_double_free_met_mid_table_changes_nothing(policy: str) -> None:
     )
     assert after == before
     pool.check_invariants()
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    pushes=st.lists(st.tuples(st.integers(0, 11), st.integers(0, 2)), max_size=12),
-    table_blocks=st.lists(st.integers(0, 11), min_size=1, max_size=8, unique=True),
-    states=st.lists(st.integers(0, 4), min_size=8, max_size=8),
-    shared=st.lists(st.booleans(), min_size=8, max_size=8),
-    position=st.integers(0, 8),
-)
-def test_a_release_that_meets_a_double_free_leaves_counts_and_order_as_they_were(
-    pushes, table_blocks, states, shared, position
-):
-    """Runs queued, joiners moved behind free anchors, then a count at 0: all undone."""
-    # Joiners 6 .. 11 belong behind anchors 0 .. 2; state s: class s (0 worthless),
-    # 3 and 4: a joiner of class 1 and 2.
-    anchor_of = {joiner: (joiner - 6) // 2 for joiner in range(6, 12)}
-    hash_of = [("h", anchor_of.get(block)) for block in range(12)]
-    join_maps = [{("h", anchor): anchor for anchor in range(3)}]
-    classes = bytearray(256)
-    classes[1], classes[2], classes[3], classes[4] = 1, 2, JOIN | 1, JOIN | 2
-    queues = joiner_queues(12, [0, 5], anchor_of)
-    queues.take(12)
-    for block, klass in dict(pushes).items():
-        queues.push(block, klass)
-    free = [block for block in range(12) if queues.is_free(block)]
-    in_use = [block for block in table_blocks if not queues.is_free(block)]
-    if not free or not in_use:
-        return
-    state = bytearray(12)
-    ref = [0] * 12
-    for index, block in enumerate(in_use):
-        state[block] = states[index]
-        ref[block] = 2 if shared[index] else 1
-    double_freed = free[position % len(free)]
-    table = list(in_use)
-    table.insert(position % (len(table) + 1), double_freed)
-    counts, order = list(ref), list(queues)
-    class_of = [queues.class_of(block) for block in range(12)]
-    joiners = bytes(queues._joiner)  # what the order of later frees depends on
-    with pytest.raises(DoubleFree) as refused:
-        queues.release_table(ref, table, classes, state, hash_of, join_maps)
-    assert refused.value.args == (double_freed,)
-    assert ref == counts
-    assert list(queues) == order
-    assert [queues.class_of(block) for block in range(12)] == class_of
-    assert bytes(queues._joiner) == joiners

@@ -1,6 +1,7 @@
 """The eviction-policy seam: the pool reports every event to its policy, and only asks it.
 
-A recording policy wraps the default LRU queue, logs every call and checks,
+A recording policy wraps an LRU written against the public protocol (the
+list-based reference of ``protocol_adapters``), logs every call and checks,
 on every call, what the protocol promises the policy (``take`` never asks
 for more than is free, ``release`` never gets a free block, ``revive`` only
 gets free cached blocks, ``hit`` only blocks in use). The expected call logs
@@ -13,11 +14,14 @@ from collections.abc import Hashable, Iterator, Sequence
 from types import ModuleType, SimpleNamespace
 
 import pytest
+from protocol_adapters import ExactThroughTheProtocol, ReferenceLRU, ThroughTheProtocol
 
 import kvcore
 from kvcore import Request
+from kvcore._eviction.driver import PolicyDriver
+from kvcore._eviction.lru import LRUFreeQueue
 from kvcore._eviction.policies import ValuePolicy
-from kvcore._free_queue import LRUFreeQueue
+from kvcore._eviction.queue import FreeQueue
 from kvcore.errors import (
     HookImplementationError,
     InvalidConfigError,
@@ -36,7 +40,7 @@ class RecordingPolicy:
 
     def __init__(self, info: PoolInfo) -> None:
         self.info = info
-        self.inner = LRUFreeQueue(info.num_blocks)
+        self.inner = ReferenceLRU(info.num_blocks)
         self.calls: list[tuple[object, ...]] = []
         self.free = set(range(info.num_blocks))
 
@@ -162,7 +166,11 @@ def test_lookups_never_reach_the_policy(make_manager):
 
 
 def test_a_recorded_policy_gives_the_default_block_ids(make_manager):
-    """Wrapping LRU changes nothing: the pool does not decide any order itself."""
+    """The reference LRU behind the protocol gives the built-in queue's blocks exactly.
+
+    The pool decides no order itself, and the built-in queue's list with
+    stale entries hands out what a plain list of free blocks would.
+    """
     default = make_manager(num_blocks=40, block_size=4, hash_algorithm="fast")
     recorded, _ = recording_manager(
         make_manager, num_blocks=40, block_size=4, hash_algorithm="fast"
@@ -243,31 +251,45 @@ def test_a_policy_missing_methods_is_refused_by_name(make_manager):
 
 
 def test_a_policy_must_hand_out_the_null_block_first(make_manager):
-    class Backwards(LRUFreeQueue):
+    class Backwards(ReferenceLRU):
         def take(self, n: int) -> list[int]:
-            return [len(self) - 1 - i for i in range(n)]
+            return [len(self.free) - 1 - i for i in range(n)]
 
     with pytest.raises(InvalidConfigError, match="must be the null block 0"):
         make_manager(eviction=lambda info: Backwards(info.num_blocks))
 
 
-def test_the_builtin_policies_satisfy_the_protocol():
+def test_the_pool_reaches_every_policy_through_one_free_queue_interface():
+    """Built-in policies are free queues; any other policy is driven through the protocol."""
+    assert isinstance(ReferenceLRU(4), EvictionPolicy)
     for name in kvcore.available_eviction_policies():
         pool = kvcore.BlockPool(8, eviction=name)
-        assert isinstance(pool.policy, EvictionPolicy), name
+        assert isinstance(pool._queue, FreeQueue), name
+        assert not isinstance(pool._queue, PolicyDriver), name
+    third_party = kvcore.BlockPool(8, eviction=lambda info: ReferenceLRU(info.num_blocks))
+    assert isinstance(third_party._queue, PolicyDriver)
+    assert isinstance(third_party._queue, FreeQueue)
+    assert isinstance(third_party._queue.policy, ReferenceLRU)
 
 
-class MostRecentlyFreedFirst(LRUFreeQueue):
+class MostRecentlyFreedFirst(ReferenceLRU):
     """Newest free block first (a toy third-party policy; O(free blocks) per take)."""
+
+    # What was never used is not restored by an undo: the driver compensates.
+    exact_undo = False
+
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(num_blocks)
+        self.never_used = set(range(num_blocks))
 
     def take(self, n: int) -> list[int]:
         out = []
         for _ in range(n):
-            free = list(self)
             # Never-allocated blocks still go first, in id order (the pool
             # requires the null block first).
-            block = free[0] if not self.was_ever_taken(free[0]) else free[-1]
+            block = self.free[0] if self.free[0] in self.never_used else self.free[-1]
             self.revive(block)
+            self.never_used.discard(block)
             out.append(block)
         return out
 
@@ -301,7 +323,7 @@ def test_plugins_register_policies_through_the_hook(registry):
 
 
 def test_policy_names_are_claimed_once(registry):
-    factory = lambda info: LRUFreeQueue(info.num_blocks)  # noqa: E731
+    factory = lambda info: ReferenceLRU(info.num_blocks)  # noqa: E731
     with pytest.raises(PluginConflictError, match="'lru', a name kvcore uses"):
         kvcore.load_registry(plugins={"p": policy_plugin({"lru": factory})}, only=["p"])
     both = "eviction policy 'x' is claimed by plugin 'p' and by plugin 'q'"
@@ -364,7 +386,7 @@ def test_the_documented_example_policy_keeps_every_invariant(registry):
     assert stats.preemptions > 0
 
 
-# -- the LRU fast path and the protocol path agree ----------------------------------------
+# -- one order however the pool reaches the queue -----------------------------------------
 
 
 def _managers_on(specs: list[object], evictions: Sequence[object]) -> list[kvcore.KVCacheManager]:
@@ -384,40 +406,39 @@ def _managers_on(specs: list[object], evictions: Sequence[object]) -> list[kvcor
     ]
 
 
-class LRUThroughTheProtocol(LRUFreeQueue):
-    """The built-in queue, but not of its exact type: the pool drives it by the protocol."""
+def lru_through_the_protocol(info: PoolInfo) -> ExactThroughTheProtocol:
+    return ExactThroughTheProtocol(LRUFreeQueue(info.num_blocks))
 
 
-def lru_through_the_protocol(info: PoolInfo) -> LRUThroughTheProtocol:
-    return LRUThroughTheProtocol(info.num_blocks)
+def reference_lru(info: PoolInfo) -> ReferenceLRU:
+    return ReferenceLRU(info.num_blocks)
 
 
 @pytest.mark.parametrize("name", sorted(HYBRIDS))
-def test_the_lru_fast_path_and_the_protocol_path_choose_the_same_blocks(name):
-    """The pool's LRU fast path is only a faster way of asking the same queue.
+def test_the_lru_queue_directly_through_the_protocol_and_the_reference_agree(name):
+    """One order, three ways: the built-in queue, the same behind the driver, a plain list.
 
-    Two managers, one on the built-in queue (fast path) and one on a subclass
-    of it (driven through take/release/revive), run the same random traffic:
-    the block ids handed out, the hit lengths, the events and the free order
-    must be identical at every checkpoint.
+    The same random traffic must give the same block ids, hit lengths,
+    events and free order at every checkpoint.
     """
-    managers = _managers_on(HYBRIDS[name], ("lru", lru_through_the_protocol))
-    fast, generic = (manager.block_pool for manager in managers)
-    assert fast._lru is fast.policy
-    assert generic._lru is None
-    assert type(generic.policy) is LRUThroughTheProtocol
+    managers = _managers_on(HYBRIDS[name], ("lru", lru_through_the_protocol, reference_lru))
+    pools = [manager.block_pool for manager in managers]
+    assert isinstance(pools[0]._queue, LRUFreeQueue)
+    assert isinstance(pools[1]._queue, PolicyDriver)
     workloads = [RandomWorkload(manager, seed=23, max_running=6) for manager in managers]
     for _ in range(12):
         stats = [workload.run(150) for workload in workloads]
-        assert stats[0] == stats[1]
-        assert fast.free_block_ids() == generic.free_block_ids()
-        assert fast._ref == generic._ref
-        assert fast._hash == generic._hash
-        assert fast.take_events() == generic.take_events()
-        assert fast.num_evicted == generic.num_evicted
+        events = [pool.take_events() for pool in pools]
+        for pool, other_stats, other_events in zip(pools[1:], stats[1:], events[1:], strict=True):
+            assert other_stats == stats[0]
+            assert pool.free_block_ids() == pools[0].free_block_ids()
+            assert pool._ref == pools[0]._ref
+            assert pool._hash == pools[0]._hash
+            assert other_events == events[0]
+            assert pool.num_evicted == pools[0].num_evicted
     assert stats[0].hit_tokens > 0
     assert stats[0].preemptions > 0
-    assert fast.num_evicted > 0
+    assert pools[0].num_evicted > 0
 
 
 def test_credit_queues_take_a_never_allocated_block_out_of_the_fresh_run():
@@ -454,13 +475,9 @@ def test_every_policy_accepts_a_touch_of_a_never_allocated_block(policy):
     pool.check_invariants()
 
 
-class FrequencyThroughTheProtocol(ValuePolicy):
-    """The built-in ``frequency`` policy, not of its exact type: driven by the protocol."""
-
-
 def _through_the_protocol(**options: object):
-    def factory(info: PoolInfo) -> FrequencyThroughTheProtocol:
-        return FrequencyThroughTheProtocol(info, **options)  # type: ignore[arg-type]
+    def factory(info: PoolInfo) -> ThroughTheProtocol:
+        return ThroughTheProtocol(ValuePolicy(info, **options))  # type: ignore[arg-type]
 
     return factory
 
@@ -474,29 +491,25 @@ def _through_the_protocol(**options: object):
     ],
 )
 @pytest.mark.parametrize("name", sorted(HYBRIDS))
-def test_the_fused_policy_paths_and_the_protocol_path_choose_the_same_blocks(
+def test_a_value_policy_directly_and_through_the_protocol_choose_the_same_blocks(
     name, policy, options
 ):
-    """The built-in policies' fused paths (release_table, revive_table) only go faster.
+    """The pool drives a built-in policy as a free queue, or through the driver: same blocks.
 
-    The pool drives a built-in credit-queue policy directly, with a table
-    freed and a hit adopted in one pass each; a subclass of the same policy
-    is driven through take/release/revive/hit like any third-party policy.
     The same random traffic must give the same block ids, hit lengths,
     events and free order at every checkpoint.
     """
     managers = _managers_on(HYBRIDS[name], (policy, _through_the_protocol(**options)))
-    fused, generic = (manager.block_pool for manager in managers)
-    assert fused._lru is fused.policy
-    assert type(fused.policy) is ValuePolicy
-    assert generic._lru is None
+    direct, driven = (manager.block_pool for manager in managers)
+    assert type(direct._queue) is ValuePolicy
+    assert isinstance(driven._queue, PolicyDriver)
     workloads = [RandomWorkload(manager, seed=29, max_running=6) for manager in managers]
     for _ in range(10):
         stats = [workload.run(150) for workload in workloads]
         assert stats[0] == stats[1]
-        assert fused.free_block_ids() == generic.free_block_ids()
-        assert fused._ref == generic._ref
-        assert fused._hash == generic._hash
-        assert fused.take_events() == generic.take_events()
+        assert direct.free_block_ids() == driven.free_block_ids()
+        assert direct._ref == driven._ref
+        assert direct._hash == driven._hash
+        assert direct.take_events() == driven.take_events()
     assert stats[0].hit_tokens > 0
     assert stats[0].preemptions > 0

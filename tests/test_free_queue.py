@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvcore._free_queue import LRUFreeQueue
+from kvcore._eviction.lru import LRUFreeQueue
 
 
 def test_starts_in_id_order_and_pops_from_the_head():
@@ -37,12 +37,12 @@ def test_remove_takes_a_block_out_of_the_middle():
     queue = LRUFreeQueue(5)
     queue.take(5)
     queue.release([0, 1, 2, 3, 4])
-    queue.revive(2)
+    queue.revive([2])
     assert list(queue) == [0, 1, 3, 4]
     queue.release([2])
     assert list(queue) == [0, 1, 3, 4, 2]
-    queue.revive(0)
-    queue.revive(2)
+    queue.revive([0])
+    queue.revive([2])
     assert list(queue) == [1, 3, 4]
     assert queue.take(3) == [1, 3, 4]
     assert list(queue) == []
@@ -71,12 +71,12 @@ def test_a_block_revived_and_freed_again_is_taken_from_its_newest_place():
     queue = LRUFreeQueue(5)
     queue.take(5)
     queue.release([0, 1, 2, 3, 4])
-    queue.revive(2)  # 2's entry stays in the list, stale
+    queue.revive([2])  # 2's entry stays in the list, stale
     queue.release([2])
     assert list(queue) == [0, 1, 3, 4, 2]
     assert queue.take(3) == [0, 1, 3]  # passes (and drops) the stale entry of 2
     assert queue.take(2) == [4, 2]
-    assert len(queue) == 0
+    assert list(queue) == []
 
 
 def test_a_block_revived_twice_skips_both_old_entries():
@@ -84,7 +84,7 @@ def test_a_block_revived_twice_skips_both_old_entries():
     queue.take(3)
     queue.release([0, 1, 2])
     for _ in range(2):
-        queue.revive(1)
+        queue.revive([1])
         queue.release([1])
     assert list(queue) == [0, 2, 1]
     assert queue.take(3) == [0, 2, 1]
@@ -96,7 +96,7 @@ def test_hits_on_free_blocks_without_allocations_keep_the_list_near_the_pool_siz
     queue.take(4)
     queue.release([0, 1, 2, 3])
     for _ in range(5_000):
-        queue.revive(1)
+        queue.revive([1])
         queue.release([1])
     assert list(queue) == [0, 2, 3, 1]
     # A compaction sweeps the list a step per revive: the list and the part
@@ -112,25 +112,20 @@ def test_allocating_and_freeing_forever_keeps_the_list_near_the_pool_size():
     for _ in range(5_000):
         queue.release(queue.take(3)[::-1])
     assert len(queue._queue) <= 2 * (8 + LRUFreeQueue.TRIM_AFTER) + 1
-    assert len(queue) == 8
     assert sorted(queue) == list(range(8))
 
 
 def test_a_long_hit_waiting_as_one_run_is_cut_out_of_the_list():
     """No stale entries are left: the list loses exactly the hit's entries."""
     queue = LRUFreeQueue(40)
-    ref = [0] * 40
     table = queue.take(40)
-    for block in table:
-        ref[block] = 1
-    queue.release_table(ref, table[:20])  # queued 19, 18, ..., 0
-    queue.release_table(ref, table[20:])  # then 39, 38, ..., 20
+    queue.release(table[:20][::-1])  # queued 19, 18, ..., 0
+    queue.release(table[20:][::-1])  # then 39, 38, ..., 20
     hit = list(range(10))  # a prefix of the first request: 9..0 in the list
-    queue.revive_table(ref, hit)
+    queue.revive(hit)
     assert queue._num_stale == 0
     assert queue._queue[queue._head :] == [*range(19, 9, -1), *range(39, 19, -1)]
     assert list(queue) == [*range(19, 9, -1), *range(39, 19, -1)]
-    assert [ref[b] for b in range(12)] == [1] * 10 + [0, 0]
 
 
 class CutsShortHits(LRUFreeQueue):
@@ -138,39 +133,33 @@ class CutsShortHits(LRUFreeQueue):
     CUT_MIN_BLOCKS = 2
 
 
-def two_blocks_queued_and_1_revived() -> tuple[CutsShortHits, list[int]]:
+def two_blocks_queued_and_1_revived() -> CutsShortHits:
     """A two-block queue whose list reads 1 (stale: 1 is in use again), 0."""
     queue = CutsShortHits(2)
-    ref = [0, 0]
     queue.take(2)
-    ref[:] = [1, 1]
-    queue.release_table(ref, [0, 1])  # queued 1, 0
-    queue.revive_table(ref, [1])
-    return queue, ref
+    queue.release([1, 0])  # queued 1, 0
+    queue.revive([1])
+    return queue
 
 
 def test_a_run_cut_through_a_stale_entry_keeps_the_counts_right():
     """The list reads 1 (stale), 0, 1: [0, 1] is cut at its first two entries."""
-    queue, ref = two_blocks_queued_and_1_revived()
-    queue.release_table(ref, [1])  # the list: 1 (stale), 0, 1
-    queue.revive_table(ref, [0, 1])
-    assert ref == [1, 1]
-    assert len(queue) == 0
+    queue = two_blocks_queued_and_1_revived()
+    queue.release([1])  # the list: 1 (stale), 0, 1
+    queue.revive([0, 1])
     assert list(queue) == []
     # 1's entry left in the list is counted stale: 1 is in use.
     assert queue._queue[queue._head :] == [1]
     assert queue._stale == [0, 1]
-    queue.release_table(ref, [1, 0])
+    queue.release([0, 1])
     assert list(queue) == [0, 1]
     assert queue.take(2) == [0, 1]
 
 
-def test_a_run_with_a_block_in_use_is_not_cut():
-    """The list reads 1 (stale: 1 is in use), 0; a hit on [0, 1] revives 0 and counts 1 up."""
-    queue, ref = two_blocks_queued_and_1_revived()
-    queue.revive_table(ref, [0, 1])
-    assert ref == [1, 2]
-    assert len(queue) == 0
+def test_a_hit_on_part_of_a_run_leaves_the_rest_queued():
+    """The list reads 1 (stale: 1 is in use), 0; a hit that revives 0 empties the queue."""
+    queue = two_blocks_queued_and_1_revived()
+    queue.revive([0])
     assert list(queue) == []
 
 
@@ -184,19 +173,17 @@ class SweepsTwoEntriesACall(LRUFreeQueue):
 def test_allocations_during_a_compaction_take_the_swept_part_first_and_roll_back():
     """A compaction sweeping two entries per call, with allocations and a rollback in between."""
     queue = SweepsTwoEntriesACall(4)
-    ref = [0] * 4
     model = list(range(4))
 
     def free(block: int) -> None:
-        queue.release_table(ref, [block])
+        queue.release([block])
         model.append(block)
 
     def hit(block: int) -> None:
-        queue.revive_table(ref, [block])
+        queue.revive([block])
         model.remove(block)
 
-    for block in queue.take(4):
-        ref[block] = 1
+    queue.take(4)
     model.clear()
     for block in (0, 1, 2, 3):
         free(block)
@@ -209,14 +196,14 @@ def test_allocations_during_a_compaction_take_the_swept_part_first_and_roll_back
     assert list(queue) == model == [1, 2, 3, 0]
     # An allocation passes the stale 0 in the swept part, inside a transaction
     # that is rolled back, then for good.
-    snapshot = (list(queue), len(queue), list(queue._stale), queue._num_stale)
-    queue._log = log = []
-    assert queue.pop_n(2) == [1, 2]
-    queue._log = None
+    snapshot = (list(queue), list(queue._stale), queue._num_stale)
+    queue.journal = log = []
+    assert queue.take(2) == [1, 2]
+    queue.journal = None
     for undo, arguments in reversed(log):
         undo(*arguments)
-    assert (list(queue), len(queue), list(queue._stale), queue._num_stale) == snapshot
-    assert queue.pop_n(2) == [1, 2]
+    assert (list(queue), list(queue._stale), queue._num_stale) == snapshot
+    assert queue.take(2) == [1, 2]
     del model[:2]
     assert list(queue) == model == [3, 0]
     assert sum(queue._stale) == queue._num_stale
@@ -229,4 +216,4 @@ def test_allocations_during_a_compaction_take_the_swept_part_first_and_roll_back
     assert ended > 0
     assert list(queue) == model == [0, 3]
     assert sum(queue._stale) == queue._num_stale
-    assert queue.pop_n(2) == [0, 3]
+    assert queue.take(2) == [0, 3]

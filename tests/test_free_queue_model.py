@@ -5,7 +5,7 @@ front, free to the back, a hit removes its block wherever it is. The queue
 under test compacts and trims on every chance it gets (thresholds of 0 and
 1), so its lazy deletion, compaction, trimming and their undo all run. Every
 step may run inside a transaction that is then rolled back: the queue's order
-and count must come back exactly.
+must come back exactly.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvcore._free_queue import LRUFreeQueue
+from kvcore._eviction.lru import LRUFreeQueue
 
 NUM_BLOCKS = 6
 
@@ -25,8 +25,8 @@ class EagerQueue(LRUFreeQueue):
     """Compacts as soon as stale entries outnumber the blocks, a few entries per call.
 
     Trims after one entry.
-    A fused revive of two blocks or more looks for them as one run of the
-    list (the cut that long hits take), whatever the list's length.
+    A revive of two blocks or more looks for them as one run of the list
+    (the cut that long hits take), whatever the list's length.
     """
 
     __slots__ = ()
@@ -52,94 +52,63 @@ class FreeQueueAgainstAModel(RuleBasedStateMachine):
         super().__init__()
         self.queue = self.queue_class(NUM_BLOCKS)
         self.model = list(range(NUM_BLOCKS))
-        self.ref = [0] * NUM_BLOCKS
+        self.held: set[int] = set()
         self.log: list[Any] | None = None
 
     def _begin(self, transaction: bool) -> None:
         if transaction:
-            self.saved = (list(self.queue), len(self.queue))
-            self.log = self.queue._log = []
+            self.saved = list(self.queue)
+            self.log = self.queue.journal = []
 
     def _end(self) -> None:
         """Roll back the transaction, if one runs; the queue must be as before it."""
         if self.log is None:
             return
-        self.queue._log = None
+        self.queue.journal = None
         for undo, arguments in reversed(self.log):
             undo(*arguments)
         self.log = None
-        assert (list(self.queue), len(self.queue)) == self.saved
+        assert list(self.queue) == self.saved
 
-    @rule(n=st.integers(0, NUM_BLOCKS), transaction=st.booleans())
+    @precondition(lambda self: self.model)
+    @rule(n=st.integers(1, NUM_BLOCKS), transaction=st.booleans())
     def take(self, n: int, transaction: bool) -> None:
         n = min(n, len(self.model))
         self._begin(transaction)
-        taken = self.queue.pop_n(n)
+        taken = self.queue.take(n)
         assert taken == self.model[:n]
         if self.log is not None:
             return self._end()
         del self.model[:n]
-        for block in taken:
-            self.ref[block] = 1
+        self.held.update(taken)
         return None
 
-    @precondition(lambda self: any(self.ref))
-    @rule(data=st.data(), transaction=st.booleans(), fused=st.booleans())
-    def free(self, data: st.DataObject, transaction: bool, fused: bool) -> None:
-        held = [b for b in range(NUM_BLOCKS) if self.ref[b]]
-        table = data.draw(st.lists(st.sampled_from(held), min_size=1, unique=True))
-        before = list(self.ref)
-        # release_table frees the table last block first; push takes the
-        # released blocks in the order given.
-        order = table[::-1] if fused else table
-        released = [b for b in order if self.ref[b] == 1]
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), transaction=st.booleans())
+    def free(self, data: st.DataObject, transaction: bool) -> None:
+        """Blocks in use become free, in the order given."""
+        released = data.draw(st.lists(st.sampled_from(sorted(self.held)), min_size=1, unique=True))
         self._begin(transaction)
-        if fused:
-            assert self.queue.release_table(self.ref, table) is None
-        else:
-            for block in table:
-                self.ref[block] -= 1
-            self.queue.push(released)
-        assert [b for b in range(NUM_BLOCKS) if before[b] and not self.ref[b]] == sorted(released)
+        self.queue.release(released)
         if self.log is not None:
-            self._end()
-            self.ref = before
-            return
+            return self._end()
         self.model += released
-
-    @precondition(lambda self: any(self.ref) and self.model)
-    @rule(data=st.data())
-    def double_free(self, data: st.DataObject) -> None:
-        """A table with a free block in it: the block is named, nothing changes."""
-        held = [b for b in range(NUM_BLOCKS) if self.ref[b]]
-        table = data.draw(st.lists(st.sampled_from(held), min_size=1, unique=True))
-        free_block = data.draw(st.sampled_from(self.model))
-        table.insert(data.draw(st.integers(0, len(table))), free_block)
-        before = list(self.ref)
-        assert self.queue.release_table(self.ref, table) == free_block
-        assert self.ref == before
+        self.held.difference_update(released)
+        return None
 
     @precondition(lambda self: self.model)
-    @rule(data=st.data(), transaction=st.booleans(), fused=st.booleans())
-    def hit(self, data: st.DataObject, transaction: bool, fused: bool) -> None:
-        """Free blocks leave the queue; with the fused call, held blocks gain a reference."""
-        candidates = self.model + ([b for b in range(NUM_BLOCKS) if self.ref[b]] if fused else [])
-        blocks = data.draw(st.lists(st.sampled_from(candidates), min_size=1, unique=True))
-        before = list(self.ref)
+    @rule(data=st.data(), transaction=st.booleans())
+    def hit(self, data: st.DataObject, transaction: bool) -> None:
+        """Free blocks leave the queue, wherever they are."""
+        blocks = data.draw(st.lists(st.sampled_from(self.model), min_size=1, unique=True))
         self._begin(transaction)
-        if fused:
-            self.queue.revive_table(self.ref, blocks)
-        else:
-            self.queue.remove_blocks(blocks)
+        self.queue.revive(blocks)
         if self.log is not None:
-            self._end()
-            self.ref = before
-            return
+            return self._end()
         for block in blocks:
-            if block in self.model:
-                self.model.remove(block)
-            if not fused:
-                self.ref[block] += 1
+            self.model.remove(block)
+        self.held.update(blocks)
+        return None
 
     @precondition(lambda self: len(self.model) >= 2)
     @rule(data=st.data(), transaction=st.booleans())
@@ -148,20 +117,17 @@ class FreeQueueAgainstAModel(RuleBasedStateMachine):
         start = data.draw(st.integers(0, len(self.model) - 2))
         stop = data.draw(st.integers(start + 2, len(self.model)))
         blocks = self.model[start:stop][::-1]
-        before = list(self.ref)
         self._begin(transaction)
-        self.queue.revive_table(self.ref, blocks)
-        assert all(self.ref[b] == 1 for b in blocks)
+        self.queue.revive(blocks)
         if self.log is not None:
-            self._end()
-            self.ref = before
-            return
+            return self._end()
         del self.model[start:stop]
+        self.held.update(blocks)
+        return None
 
     @invariant()
-    def same_order_and_count(self) -> None:
+    def same_order(self) -> None:
         assert list(self.queue) == self.model
-        assert len(self.queue) == len(self.model)
 
     @invariant()
     def stale_counts_add_up(self) -> None:

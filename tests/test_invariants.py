@@ -125,7 +125,7 @@ def test_the_checker_catches_a_block_cached_under_another_positions_hash(registr
 def test_the_checker_catches_a_free_count_out_of_step_with_the_queue(registry):
     manager = make(registry, 20, 4)
     admit(manager, kvcore.Request("a", list(range(12))))
-    manager.block_pool._free.num_free += 1
+    manager.block_pool._num_free += 1
     with pytest.raises(AssertionError, match=r"free count 17 but 16 blocks in the free queue"):
         check_manager_invariants(manager)
 
@@ -136,7 +136,7 @@ def test_the_checker_catches_a_block_listed_twice_in_the_free_queue(registry):
     request = kvcore.Request("a", list(range(28)))
     admit(manager, request)
     manager.free(request)  # the queue is now 7, 6, 5, 4, 3, 2, 1 (none fresh)
-    queue = manager.block_pool._free
+    queue = manager.block_pool._queue
     queue._queue.append(5)  # a second entry of 5, not counted as stale
     with pytest.raises(AssertionError, match=r"the free queue lists block 5 twice"):
         check_manager_invariants(manager)

@@ -33,10 +33,9 @@ refer to).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from operator import length_hint
+from collections.abc import Callable, Iterator, Sequence
 
-__all__ = ["JOIN", "NOT_FREE", "WORTHLESS", "Anchors", "CreditQueues", "DoubleFree"]
+__all__ = ["JOIN", "NOT_FREE", "WORTHLESS", "Anchors", "CreditQueues"]
 
 #: Class of a block that is not free.
 NOT_FREE = 255
@@ -48,14 +47,6 @@ JOIN = 128
 #: The candidate anchors of a joiner, in order: the blocks cached under its
 #: hash in the prefix groups, whatever their state.
 Anchors = Callable[[int], Sequence[int]]
-
-
-class DoubleFree(Exception):
-    """A released table held a block whose count was already 0 (``args[0]``).
-
-    A signal from the queues to their policy, which reports the double free
-    to the pool; it never reaches a user.
-    """
 
 
 class CreditQueues:
@@ -117,33 +108,36 @@ class CreditQueues:
     # -- the pool's operations --------------------------------------------------------
 
     def take(self, n: int) -> list[int]:
-        """Remove and return ``n`` free blocks, earliest deadline first.
+        """Remove and return ``n`` free blocks: never-used ones, worthless ones, then by deadline.
 
         A joiner whose turn comes while its anchor is free moves right behind
         the anchor instead (same class and deadline) and is taken after it.
         The caller guarantees at least ``n`` blocks are free.
         """
         out: list[int] = []
+        n = self._take_fresh(n, out)
+        if n:
+            n = self._take_worthless(n, out)
+        while n:
+            n = self._take_valued_run(n, out)
+        return out
+
+    def _take_fresh(self, n: int, out: list[int]) -> int:
+        """Append up to ``n`` never-allocated blocks to ``out``; return how many are still due."""
         if self._holes:
-            n -= self._take_fresh_around_holes(n, out)
-            if not n:
-                return out
-            fresh = 0
-        else:
-            fresh = min(n, self._fresh_end - self._fresh_start)
+            return n - self._take_fresh_around_holes(n, out)
+        start = self._fresh_start
+        fresh = min(n, self._fresh_end - start)
         if fresh:
-            start = self._fresh_start
             self._fresh_start = start + fresh
             out.extend(range(start, start + fresh))
-            n -= fresh
-            if not n:
-                return out
+        return n - fresh
+
+    def _take_worthless(self, n: int, out: list[int]) -> int:
+        """Append up to ``n`` worthless blocks to ``out``, oldest first; return how many are due."""
         nxt = self._next
-        prv = self._prev
         cls = self._class
-        sentinels = self._sentinels
-        # Worthless blocks first, oldest first.
-        sentinel = sentinels[WORTHLESS]
+        sentinel = self._sentinels[WORTHLESS]
         block = nxt[sentinel]
         while n and block != sentinel:
             out.append(block)
@@ -151,92 +145,67 @@ class CreditQueues:
             block = nxt[block]
             n -= 1
         nxt[sentinel] = block
-        prv[block] = sentinel
-        if not n:
-            return out
+        self._prev[block] = sentinel
+        return n
+
+    def _take_valued_run(self, n: int, out: list[int]) -> int:
+        """Append the run of up to ``n`` blocks due first to ``out``; return how many are due.
+
+        The run comes from the class whose head has the earliest deadline
+        (the first class on a tie) and goes on while it stays ahead of every
+        other head: before the second head's deadline, or at it if this class
+        comes first. It stops early at a joiner that moves behind its anchor.
+        """
+        best, bound = self._earliest_class()
+        nxt = self._next
         deadline = self._deadline
         joiner = self._joiner
-        valued = sentinels[1:]
-        while n:
-            # The class whose head has the earliest deadline (the first class
-            # on a tie), then a run from it while it stays ahead of every
-            # other head: before the second head's deadline, or at it if
-            # this class comes first.
-            best = -1
-            best_deadline = 0
-            second = None
-            second_sentinel = 0
-            for sentinel in valued:
-                head = nxt[sentinel]
-                if head == sentinel:
-                    continue
-                due = deadline[head]
-                if best < 0 or due < best_deadline:
-                    if best >= 0:
-                        second, second_sentinel = best_deadline, best
-                    best, best_deadline = sentinel, due
-                elif second is None or due < second:
-                    second, second_sentinel = due, sentinel
-            if second is None:
-                second = 1 << 62  # no other head: no bound
-            elif best > second_sentinel:
-                second -= 1  # a tie goes to the other class
-            block = nxt[best]
-            while n and block != best and deadline[block] <= second:
-                if joiner[block]:
-                    joiner[block] = 0
-                    anchor = self._free_anchor_of(block)
-                    if anchor is not None:
-                        # Close the run taken so far, then the joiner waits
-                        # behind its anchor; the heads are looked at again.
-                        nxt[best] = block
-                        prv[block] = best
-                        self._unlink(block)
-                        self._insert_after(block, anchor)
-                        break
-                out.append(block)
-                cls[block] = NOT_FREE
-                block = nxt[block]
-                n -= 1
-            else:
-                nxt[best] = block
-                prv[block] = best
-        return out
+        cls = self._class
+        block = nxt[best]
+        while n and block != best and deadline[block] <= bound:
+            if joiner[block]:
+                joiner[block] = 0
+                anchor = self.free_anchor_of(block)
+                if anchor is not None:
+                    # Close the run taken so far, then the joiner waits
+                    # behind its anchor; the heads are looked at again.
+                    nxt[best] = block
+                    self._prev[block] = best
+                    self._unlink(block)
+                    self._insert_after(block, anchor)
+                    return n
+            out.append(block)
+            cls[block] = NOT_FREE
+            block = nxt[block]
+            n -= 1
+        nxt[best] = block
+        self._prev[block] = best
+        return n
 
-    def take_one(self) -> int:
-        """:meth:`take` of one block, without building a list.
-
-        The most frequent take (a decode step's new block). The caller
-        guarantees a block is free.
-        """
-        start = self._fresh_start
-        if start < self._fresh_end:
-            if self._holes:
-                return self.take(1)[0]
-            self._fresh_start = start + 1
-            return start
+    def _earliest_class(self) -> tuple[int, int]:
+        """The sentinel of the valued class due first, and the deadline its run may reach."""
         nxt = self._next
-        sentinels = self._sentinels
-        sentinel = sentinels[WORTHLESS]
-        block = nxt[sentinel]
-        if block == sentinel:
-            # No worthless block: the valued head with the earliest deadline
-            # (the first class on a tie, as in take). Not left to take: with
-            # one attention type every cached block is valued, and this is
-            # then the decode step's usual path.
-            deadline = self._deadline
-            best_due = 0
-            for valued in sentinels[1:]:
-                head = nxt[valued]
-                if head != valued and (block == sentinel or deadline[head] < best_due):
-                    block, sentinel, best_due = head, valued, deadline[head]
-            if self._joiner[block]:
-                return self.take(1)[0]
-        after = nxt[block]
-        nxt[sentinel] = after
-        self._prev[after] = sentinel
-        self._class[block] = NOT_FREE
-        return block
+        deadline = self._deadline
+        best = -1
+        best_deadline = 0
+        second: int | None = None
+        second_sentinel = 0
+        for sentinel in self._sentinels[1:]:
+            head = nxt[sentinel]
+            if head == sentinel:
+                continue
+            due = deadline[head]
+            if best < 0 or due < best_deadline:
+                if best >= 0:
+                    second, second_sentinel = best_deadline, best
+                best, best_deadline = sentinel, due
+            elif second is None or due < second:
+                second, second_sentinel = due, sentinel
+        if second is None:
+            return best, 1 << 62  # no other head: no bound
+        if best > second_sentinel:
+            return best, second - 1  # a tie goes to the other class
+        return best, second
 
     def _take_fresh_around_holes(self, n: int, out: list[int]) -> int:
         """Append up to ``n`` fresh blocks to ``out``, skipping holes; return how many."""
@@ -298,155 +267,7 @@ class CreditQueues:
             prv[sentinel] = block
         self._clock = clock
 
-    def release_table(
-        self,
-        ref: list[int],
-        table: Sequence[int],
-        classes: bytes | bytearray,
-        state: bytes | bytearray,
-        hash_of: Sequence[Hashable | None] = (),
-        join_maps: Sequence[Mapping[Hashable, int]] = (),
-    ) -> list[int]:
-        """Drop one count in ``ref`` per block of ``table``, last first; queue the blocks at 0.
-
-        A block reaching 0 goes to the tail of class ``classes[state[b]]``
-        (``state``: the policy's byte per block), in that turn. An entry of
-        :data:`JOIN` plus a class ``k`` makes the block a joiner: it goes
-        right behind the first block under its hash (``hash_of[block]``) in
-        ``join_maps`` that is free in a valued class (same class and
-        deadline), or else to class ``k``.
-
-        One pass: the fused form of a policy's release of a freed block table.
-
-        The caller guarantees that no block appears twice and the null
-        block's count is high enough that it is never released.
-
-        Returns:
-            The released blocks, in the order they were queued.
-
-        Raises:
-            DoubleFree: a block of ``table`` had a count of 0 (found when
-                the pass reaches it); every count and the queues are as
-                they were.
-        """
-        clock = self._clock
-        credits = self._credits
-        deadline = self._deadline
-        class_of = self._class
-        joiner = self._joiner
-        sentinels = self._sentinels
-        nxt = self._next
-        prv = self._prev
-        free_anchor = self.free_anchor
-        released: list[int] = []
-        remaining = reversed(table)
-        block: int | None = next(remaining)
-        while block is not None:
-            count = ref[block] - 1
-            ref[block] = count
-            if count:
-                if count < 0:
-                    # The clock is written back only at the end.
-                    self._take_back(ref, table, length_hint(remaining), released)
-                    raise DoubleFree(block)
-                block = next(remaining, None)
-                continue
-            released.append(block)
-            klass = classes[state[block]]
-            if klass >= JOIN:
-                klass -= JOIN
-                joiner[block] = 1
-                anchor = free_anchor(hash_of[block], join_maps)
-                if anchor is not None:
-                    # The queues are consistent here: every run is closed as
-                    # it ends.
-                    self._insert_after(block, anchor)
-                    block = next(remaining, None)
-                    continue
-            # Queue ``block``, then the run of blocks after it that only this
-            # table holds and that have the same class (the common shapes: a
-            # window's blocks once the prompt is computed, all worthless; a
-            # request's prefix), with no per-block dispatch. The run is closed
-            # (its last block linked to the sentinel) before anything else
-            # looks at the queues; the block that ends it goes round again.
-            sentinel = sentinels[klass]
-            tail = prv[sentinel]
-            nxt[tail] = block
-            prv[block] = tail
-            class_of[block] = klass
-            tail = block
-            if klass == WORTHLESS:
-                # No deadline: worthless blocks never compete with valued ones.
-                for block in remaining:
-                    if ref[block] != 1 or classes[state[block]]:
-                        break
-                    ref[block] = 0
-                    released.append(block)
-                    class_of[block] = WORTHLESS
-                    nxt[tail] = block
-                    prv[block] = tail
-                    tail = block
-                else:
-                    block = None
-            else:
-                credit = credits[klass]
-                clock += 1
-                deadline[block] = clock + credit
-                joins_entry = JOIN | klass
-                for block in remaining:
-                    if ref[block] != 1:
-                        break
-                    entry = classes[state[block]]
-                    if entry != klass:
-                        # A joiner with no free anchor stays in the run (the
-                        # usual case: a window's kept blocks freed while
-                        # their request holds its prefix).
-                        if (
-                            entry != joins_entry
-                            or free_anchor(hash_of[block], join_maps) is not None
-                        ):
-                            break
-                        joiner[block] = 1
-                    ref[block] = 0
-                    released.append(block)
-                    clock += 1
-                    deadline[block] = clock + credit
-                    class_of[block] = klass
-                    nxt[tail] = block
-                    prv[block] = tail
-                    tail = block
-                else:
-                    block = None
-            nxt[tail] = sentinel
-            prv[sentinel] = tail
-        self._clock = clock
-        return released
-
-    def _take_back(
-        self, ref: list[int], table: Sequence[int], start: int, released: list[int]
-    ) -> None:
-        """Undo a release stopped at ``table[start]``: its counts back, its blocks taken out.
-
-        Taking the released blocks out (:meth:`remove_all`: none was in the
-        fresh run, they were all in use) leaves the other blocks linked as
-        they were before the release.
-        """
-        for block in table[start:]:
-            ref[block] += 1
-        self.remove_all(released)
-
-    def free_anchor(
-        self, block_hash: Hashable | None, maps: Sequence[Mapping[Hashable, int]]
-    ) -> int | None:
-        """The first block under ``block_hash`` in ``maps`` that is free in a valued class."""
-        class_of = self._class
-        for cached in maps:
-            anchor = cached.get(block_hash)
-            if anchor is not None and WORTHLESS < class_of[anchor] < NOT_FREE:
-                return anchor
-        return None
-
-    def _free_anchor_of(
+    def free_anchor_of(
         self, block: int, taken: set[int] | frozenset[int] = frozenset()
     ) -> int | None:
         """The first of joiner ``block``'s :attr:`anchors` free in a valued class and not taken."""
@@ -581,7 +402,7 @@ class CreditQueues:
             else:
                 heads[sentinel] = following
             if joiner[block]:
-                anchor = self._free_anchor_of(block, taken)
+                anchor = self.free_anchor_of(block, taken)
                 if anchor is not None:
                     waiting.setdefault(anchor, []).insert(0, block)
                     continue

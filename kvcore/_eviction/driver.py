@@ -1,118 +1,116 @@
-"""How the block pool drives an eviction policy other than its built-in ones.
+"""The free queue in front of a third party's eviction policy.
 
-The pool talks to its free blocks through four calls (``pop_n``, ``push``,
-``remove_blocks``, iteration) and reads ``num_free``; the built-in policies
-(:class:`~kvcore._free_queue.LRUFreeQueue` and the credit-queue
-:class:`~kvcore._eviction.policies.ValuePolicy`) answer them themselves, on
-the pool's fast path. Any other policy sits behind a :class:`PolicyDriver`,
-which turns them into protocol calls, counts the free blocks (so capacity checks never
-depend on a policy) and makes them undoable.
+A policy written against the public protocol (:class:`kvcore.eviction.EvictionPolicy`)
+revives one block per call and may or may not record its own undo. The
+:class:`PolicyDriver` gives it the free-queue interface the pool drives
+(:mod:`kvcore._eviction.queue`) and makes every change undoable.
 
-Undo: while the pool runs a transaction, the driver holds its undo log. A
-policy whose class sets ``exact_undo = True`` is handed the log (its
-``undo_log`` attribute) and records its own exact undo. For any other policy
-the driver records compensating calls: a take is undone by releasing the
-blocks, a release by reviving them, a revival by releasing the block. After a
-rollback the free set and every count are exactly as before; only the
-policy's internal order (and what it learned from hits) may differ.
+Undo: a policy whose class sets ``exact_undo = True`` is handed the pool's
+journal (its ``undo_log`` attribute) and records its own exact undo. For any
+other policy the driver records compensating calls: a take is undone by
+releasing the blocks, a release by reviving them, a revival by releasing the
+block, a ``cached`` by a ``forget``. After a rollback the free set is exactly
+as before; only the policy's internal order (and what it learned from hits)
+may differ.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Hashable, Iterator, Sequence
 
-from kvcore.errors import OutOfBlocksError
+from kvcore._blocks import UndoLog
 from kvcore.eviction import EvictionPolicy
 
 __all__ = ["PolicyDriver"]
 
-UndoLog = list[tuple[Callable[..., None], Any]]
-
 
 class PolicyDriver:
-    """The pool's free-block interface over an :class:`~kvcore.eviction.EvictionPolicy`.
+    """The free-queue interface over an :class:`~kvcore.eviction.EvictionPolicy`.
 
     Args:
         policy: The policy; it holds every block ``0 .. num_blocks - 1`` as
             free at the start.
-        num_blocks: Blocks in the pool (all free at the start).
     """
 
-    __slots__ = ("_exact", "_undo_log", "num_free", "policy")
+    __slots__ = ("_exact", "_journal", "policy")
 
-    def __init__(self, policy: EvictionPolicy, num_blocks: int) -> None:
+    def __init__(self, policy: EvictionPolicy) -> None:
         self.policy = policy
         self._exact = getattr(type(policy), "exact_undo", False) is True
-        self._undo_log: UndoLog | None = None
-        #: Blocks the policy holds as free.
-        self.num_free = num_blocks
+        self._journal: UndoLog | None = None
 
     @property
-    def _log(self) -> UndoLog | None:
-        """The pool's undo log while a transaction runs (shared with exact policies)."""
-        return self._undo_log
+    def journal(self) -> UndoLog | None:
+        """The pool's undo log while a transaction runs (shared with an exact policy)."""
+        return self._journal
 
-    @_log.setter
-    def _log(self, log: UndoLog | None) -> None:
-        self._undo_log = log
+    @journal.setter
+    def journal(self, journal: UndoLog | None) -> None:
+        self._journal = journal
         if self._exact:
-            self.policy.undo_log = log  # type: ignore[attr-defined]
+            self.policy.undo_log = journal  # type: ignore[attr-defined]
 
-    def pop_n(self, n: int) -> list[int]:
-        """Take ``n`` free blocks, chosen by the policy.
-
-        Raises:
-            OutOfBlocksError: fewer than ``n`` blocks are free; nothing
-                changes.
-        """
-        if n > self.num_free:
-            msg = f"cannot take {n} blocks: only {self.num_free} are free"
-            raise OutOfBlocksError(msg)
+    def take(self, n: int) -> list[int]:
+        """The ``n`` blocks the policy hands out."""
         blocks = self.policy.take(n)
-        self.num_free -= n
-        if self._undo_log is not None:
-            self._undo_log.append((self._undo_take, (blocks,)))
+        if self._journal is not None and not self._exact:
+            self._journal.append((self.policy.release, (blocks,)))
         return blocks
 
-    def push(self, blocks: Sequence[int]) -> None:
-        """Blocks became free, first to evict first."""
+    def release(self, blocks: Sequence[int]) -> None:
+        """The policy learns that ``blocks`` became free."""
         self.policy.release(blocks)
-        self.num_free += len(blocks)
-        if self._undo_log is not None:
-            self._undo_log.append((self._undo_release, (blocks,)))
+        if self._journal is not None and not self._exact:
+            self._journal.append((self._revive_each, (blocks[::-1],)))
 
-    def remove_blocks(self, blocks: Sequence[int]) -> None:
-        """Cache hits took these free blocks back, in order."""
+    def revive(self, blocks: Sequence[int]) -> None:
+        """The policy learns, block by block, that a hit took ``blocks`` back.
+
+        If the policy raises part-way, the blocks it already revived are
+        released again before the error goes on, so the free
+        set is as it was.
+        """
         revive = self.policy.revive
-        for block in blocks:
-            revive(block)
-        self.num_free -= len(blocks)
-        if self._undo_log is not None:
-            self._undo_log.append((self._undo_revive, (blocks,)))
+        done = 0
+        try:
+            for block in blocks:
+                revive(block)
+                done += 1
+        except BaseException:
+            if done and not self._exact:
+                self.policy.release(blocks[:done])
+            raise
+        if self._journal is not None and not self._exact:
+            self._journal.append((self.policy.release, (blocks,)))
+
+    def cached(
+        self,
+        group: int,
+        blocks: Sequence[int],
+        start: int,
+        stop: int,
+        block_hashes: Sequence[Hashable],
+        num_prompt_tokens: int,
+    ) -> None:
+        """Tell the policy what was cached (undone by ``forget`` of those blocks)."""
+        self.policy.cached(group, blocks, start, stop, block_hashes, num_prompt_tokens)
+        if self._journal is not None and not self._exact:
+            cached = [block for block in blocks[start:stop] if block]
+            self._journal.append((self.policy.forget, (cached,)))
+
+    def hit(self, blocks: Sequence[int]) -> None:
+        """Tell the policy about an adopted hit (not undone: a policy cannot unlearn it)."""
+        self.policy.hit(blocks)
+
+    def forget(self, blocks: Sequence[int] | None) -> None:
+        """Tell the policy that blocks lost their hash (not undone)."""
+        self.policy.forget(blocks)
 
     def __iter__(self) -> Iterator[int]:
         """The free blocks in the policy's order, next to be taken first."""
         return iter(self.policy)
 
-    def __len__(self) -> int:
-        return self.num_free
-
-    # -- undo (replayed newest first by the pool's rollback) ----------------------------
-
-    def _undo_take(self, blocks: list[int]) -> None:
-        if not self._exact:
-            self.policy.release(blocks)
-        self.num_free += len(blocks)
-
-    def _undo_release(self, blocks: Sequence[int]) -> None:
-        if not self._exact:
-            revive = self.policy.revive
-            for block in reversed(blocks):
-                revive(block)
-        self.num_free -= len(blocks)
-
-    def _undo_revive(self, blocks: Sequence[int]) -> None:
-        if not self._exact:
-            self.policy.release(blocks)
-        self.num_free += len(blocks)
+    def _revive_each(self, blocks: Sequence[int]) -> None:
+        revive = self.policy.revive
+        for block in blocks:
+            revive(block)

@@ -63,12 +63,11 @@ The policies:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import Any
+from collections.abc import Hashable, Iterator, Sequence
 
-from kvcore._eviction.credit import JOIN, NOT_FREE, WORTHLESS, CreditQueues, DoubleFree
-from kvcore.errors import OutOfBlocksError
-from kvcore.eviction import PoolInfo
+from kvcore._blocks import UndoLog
+from kvcore._eviction.credit import JOIN, NOT_FREE, WORTHLESS, CreditQueues
+from kvcore.eviction import PoolInfo, PoolView
 
 __all__ = [
     "CHECKPOINT_SHARE",
@@ -85,8 +84,6 @@ TAIL_TOKENS = 512
 CHECKPOINT_SHARE = 1 / 32
 #: Chain depth (tokens) from which attention outweighs the rest of a token's prefill.
 DEPTH_SCALE = 8192
-
-UndoLog = list[tuple[Callable[..., None], Any]]
 
 _CACHED = 1  # carries a hash (set when cached, cleared when taken or forgotten)
 _SUFFIX = 2  # in a group that reads only the end of a hit
@@ -128,9 +125,6 @@ class ValuePolicy:
         "_groups",
         "_hit_levels",
         "_interval",
-        "_join_maps",
-        "_log",
-        "_pool",
         "_prefix_groups",
         "_queues",
         "_read_memo",
@@ -138,9 +132,10 @@ class ValuePolicy:
         "_state",
         "_suffix_groups",
         "_tail",
+        "_view",
         "admission",
         "follow",
-        "num_free",
+        "journal",
     )
 
     def __init__(
@@ -184,12 +179,7 @@ class ValuePolicy:
         self._share = checkpoint_share
         self._interval: int | None = None  # computed on first use (needs the managers)
         self._read_memo: list[dict[int, tuple[tuple[int, int], ...]]] = [{} for _ in info.groups]
-        # The pool itself when it is the view (always, for a policy the pool
-        # builds): the partner lookups on the release path read its maps
-        # directly, since they run for every kept suffix block.
-        from kvcore._block_pool import BlockPool  # here: the pool imports this module
-
-        self._pool = info.view if isinstance(info.view, BlockPool) else None
+        self._view: PoolView | None = info.view
         self._suffix_groups = tuple(
             g
             for g, group in enumerate(info.groups)
@@ -203,11 +193,7 @@ class ValuePolicy:
         self.admission = admission
         self._block_sizes = tuple(group.block_size for group in info.groups)
         # Without admission no suffix block is marked, so none could follow.
-        self.follow = follow and admission and self._pool is not None and bool(self._suffix_groups)
-        # The prefix-cache maps a kept suffix block looks for its prefix
-        # block in (the pool clears them, never replaces them).
-        maps = self._pool._cached if self.follow and self._pool is not None else None
-        self._join_maps = tuple(maps[g] for g in self._prefix_groups) if maps else ()
+        self.follow = follow and admission and info.view is not None and bool(self._suffix_groups)
         if self.follow:
             self._queues.anchors = self._anchors
         # The flags of a block cached past its prompt, by group.
@@ -215,21 +201,19 @@ class ValuePolicy:
             _CACHED | _SUFFIX if admission and g in self._suffix_groups else _CACHED
             for g in range(len(info.groups))
         )
-        #: Free blocks (the pool's free-queue interface; see below).
-        self.num_free = n
-        self._log: UndoLog | None = None
+        self.journal: UndoLog | None = None
 
     # -- what the pool reports --------------------------------------------------------
 
     def take(self, n: int) -> list[int]:
         """The ``n`` free blocks due first (never-used ones, then worthless ones)."""
-        queues = self._queues
-        # One block (a decode step's) without building and walking a list.
-        blocks = [queues.take_one()] if n == 1 else queues.take(n)
+        blocks = self._queues.take(n)
         state = self._state
         # A taken block starts over: no hash, never hit.
         for block in blocks:
             state[block] = 0
+        if self.journal is not None:
+            self.journal.append((self.release, (blocks,)))
         return blocks
 
     def release(self, blocks: Sequence[int]) -> None:
@@ -238,6 +222,8 @@ class ValuePolicy:
         depth_level = self._chain_depth_level(blocks) if self._depth_levels > 1 else 0
         table = self._class_tables[depth_level] or self._build_class_table(depth_level)
         classes = [table[state[block]] for block in blocks]
+        if self.journal is not None:
+            self.journal.append((self._unrelease, (blocks,)))
         if max(classes, default=WORTHLESS) < JOIN:
             self._queues.push_all(blocks, classes)
             return
@@ -249,10 +235,21 @@ class ValuePolicy:
                 if start < index:
                     self._queues.push_all(blocks[start:index], classes[start:index])
                 block = blocks[index]
-                self._release_joiner(block, klass - JOIN)
+                queues = self._queues
+                queues.push_joiner(block, klass - JOIN, queues.free_anchor_of(block))
                 start = index + 1
         if start < len(blocks):
             self._queues.push_all(blocks[start:], classes[start:])
+
+    def revive(self, blocks: Sequence[int]) -> None:
+        """A hit took free ``blocks`` back."""
+        self._queues.remove_all(blocks)
+        if self.journal is not None:
+            self.journal.append((self.release, (blocks,)))
+
+    def _unrelease(self, blocks: Sequence[int]) -> None:
+        """Undo of :meth:`release`: the blocks are taken out of the queues again."""
+        self._queues.remove_all(blocks[::-1])
 
     def _build_class_table(self, depth_level: int) -> bytearray:
         """:meth:`_class_table`, built once per depth level."""
@@ -291,30 +288,16 @@ class ValuePolicy:
         level = count if count < last_hit_level else last_hit_level
         return 1 + level * self._depth_levels + (depth_level if count else 0)
 
-    def _release_joiner(self, block: int, klass: int) -> None:
-        """Queue kept suffix ``block`` (class ``klass``) as a joiner of its prefix block.
-
-        Behind its prefix block (same hash, a prefix group) if that is free,
-        else at the tail of ``klass``. Hashes are chained and taken at token
-        boundaries, so in groups of one block size the blocks under one hash
-        end at the same token.
-        """
-        pool = self._pool
-        assert pool is not None  # follow needs it
-        queues = self._queues
-        queues.push_joiner(block, klass, queues.free_anchor(pool._hash[block], self._join_maps))
-
     def _anchors(self, block: int) -> list[int]:
         """The prefix blocks cached under joiner ``block``'s hash, in prefix-group order."""
-        assert self._pool is not None  # follow needs it
-        block_hash = self._pool._hash[block]
+        view = self._view
+        assert view is not None  # follow needs it
+        block_hash = view.block_hash(block)
         return [
-            anchor for cached in self._join_maps if (anchor := cached.get(block_hash)) is not None
+            anchor
+            for group in self._prefix_groups
+            if (anchor := view.cached_block(block_hash, group)) is not None
         ]
-
-    def revive(self, block: int) -> None:
-        """A hit took a free block back."""
-        self._queues.remove(block)
 
     def hit(self, blocks: Sequence[int]) -> None:
         """Count the hit on every adopted block."""
@@ -352,6 +335,8 @@ class ValuePolicy:
         its count), so only its flags (and, for the cost policy, the token
         its chain ends at) are written here.
         """
+        if self.journal is not None:
+            self.journal.append((self.forget, ([block for block in blocks[start:stop] if block],)))
         size = self._block_sizes[group]
         if stop - start == 1 and start * size >= num_prompt_tokens:
             # One block past the prompt (a decode step's): never admitted,
@@ -389,128 +374,6 @@ class ValuePolicy:
     def __iter__(self) -> Iterator[int]:
         """The free blocks, next to be taken first."""
         return iter(self._queues)
-
-    # -- the pool's free-queue interface ------------------------------------------------
-    #
-    # The block pool drives these policies as it drives its LRU queue, with
-    # no PolicyDriver in between: pop_n / push / remove_blocks, and the fused
-    # release_table (a freed table) and revive_table (an adopted hit). Each
-    # is the protocol call above plus the free count and the undo; the undo
-    # compensates (see kvcore._eviction.driver): the free set and the counts
-    # are restored exactly, the order and the hit counts maybe not.
-
-    def pop_n(self, n: int) -> list[int]:
-        """:meth:`take` ``n`` blocks.
-
-        Raises:
-            OutOfBlocksError: fewer than ``n`` blocks are free; nothing changes.
-        """
-        if n > self.num_free:
-            msg = f"cannot take {n} blocks: only {self.num_free} are free"
-            raise OutOfBlocksError(msg)
-        blocks = self.take(n)
-        self.num_free -= n
-        if self._log is not None:
-            self._log.append((self._undo_take, (blocks,)))
-        return blocks
-
-    def push(self, blocks: Sequence[int]) -> None:
-        """:meth:`release` ``blocks``."""
-        self.release(blocks)
-        self.num_free += len(blocks)
-        if self._log is not None:
-            self._log.append((self._undo_release, (blocks,)))
-
-    def remove_blocks(self, blocks: Sequence[int]) -> None:
-        """:meth:`revive` each of ``blocks``, in order."""
-        self._queues.remove_all(blocks)
-        self.num_free -= len(blocks)
-        if self._log is not None:
-            self._log.append((self._undo_revive, (blocks,)))
-
-    def release_table(self, ref: list[int], table: Sequence[int]) -> int | None:
-        """Drop one count in ``ref`` per block of ``table``, last first; release the blocks at 0.
-
-        The contract of ``LRUFreeQueue.release_table``: the caller guarantees
-        no block appears twice and the null block's count is high enough
-        that it is never released.
-
-        Returns:
-            ``None``, or the first block of ``table`` whose count was already
-            0 (a double free): then nothing changed.
-        """
-        if len(table) == 1 and ref[table[0]] == 1:
-            # A window moving on by a block, the most frequent release: one
-            # block only this table holds goes to the tail of its class.
-            block = table[0]
-            state = self._state[block]
-            # Only a cached prefix block has a chain depth (a window's block
-            # has none).
-            depth_level = (
-                self._depth_level(self._end[block])
-                if self._depth_levels > 1 and state & (_CACHED | _SUFFIX) == _CACHED
-                else 0
-            )
-            classes = self._class_tables[depth_level] or self._build_class_table(depth_level)
-            klass = classes[state]
-            ref[block] = 0
-            if klass >= JOIN:
-                # A window's kept block: a joiner of its prefix block.
-                self._release_joiner(block, klass - JOIN)
-            else:
-                self._queues.push(block, klass)
-            self.num_free += 1
-            if self._log is not None:
-                self._log.append((self._undo_release, ((block,),)))
-            return None
-        depth_level = self._table_depth_level(ref, table) if self._depth_levels > 1 else 0
-        classes = self._class_tables[depth_level] or self._build_class_table(depth_level)
-        join_maps = self._join_maps
-        try:
-            released = self._queues.release_table(
-                ref,
-                table,
-                classes,
-                self._state,
-                self._pool._hash if join_maps else (),  # type: ignore[union-attr]
-                join_maps,
-            )
-        except DoubleFree:
-            # Found inside the pass (no pass over the table before it) and
-            # undone there; the error names the first such block.
-            return next(block for block in table if not ref[block])
-        self.num_free += len(released)
-        if self._log is not None:
-            self._log.append((self._undo_release, (released,)))
-        return None
-
-    def revive_table(self, ref: list[int], blocks: Sequence[int]) -> None:
-        """Add one count in ``ref`` per block; revive the blocks at 0; count the hit.
-
-        The contract of ``LRUFreeQueue.revive_table``: the caller guarantees
-        no block at 0 appears twice and the null block's count is high
-        enough that it is never revived.
-        """
-        revived = [block for block in blocks if not ref[block]]
-        if revived:
-            self.remove_blocks(revived)
-        for block in blocks:
-            ref[block] += 1
-        self.hit(blocks)
-
-    def _undo_take(self, blocks: list[int]) -> None:
-        self.release(blocks)
-        self.num_free += len(blocks)
-
-    def _undo_release(self, blocks: Sequence[int]) -> None:
-        remove = self._queues.remove
-        for block in reversed(blocks):
-            remove(block)
-        self.num_free -= len(blocks)
-
-    def _undo_revive(self, blocks: Sequence[int]) -> None:
-        self.release(blocks)
-        self.num_free += len(blocks)
 
     # -- decisions --------------------------------------------------------------------
 
@@ -622,25 +485,6 @@ class ValuePolicy:
     def _depth_level(self, chain_end: int) -> int:
         """Log2 depth class of a chain ending at token ``chain_end``, capped at the last level."""
         return min((chain_end // DEPTH_SCALE).bit_length(), self._depth_levels - 1)
-
-    def _table_depth_level(self, ref: list[int], table: Sequence[int]) -> int:
-        """:meth:`_chain_depth_level` of the blocks of ``table`` (token order) at count 1.
-
-        A cached block's chain end grows with its position in any table that
-        holds it (a hit shares a prefix at the same positions), so the
-        deepest released one is the last from the end: no pass over the
-        whole table. A suffix group's table has none: its first cached block
-        says so.
-        """
-        flags = self._state
-        for block in reversed(table):
-            flag = flags[block]
-            if flag & _CACHED:
-                if flag & _SUFFIX:
-                    return 0  # a suffix group's table: no prefix block in it
-                if ref[block] == 1:
-                    return self._depth_level(self._end[block])
-        return 0
 
 
 def admit_policy(info: PoolInfo) -> ValuePolicy:

@@ -1,9 +1,12 @@
-"""Eviction policies by name: the built-in ones and those plugins register.
+"""Eviction policies by name, and building a pool's free queue from one.
 
-The core registers its own policies here (they are not attention types, so
-they need no plugin); third parties add theirs through the
-``kvcore_eviction_policies`` hook, collected once when a registry is loaded
-(``kvcore._hook_collection``) and read through ``Registry.eviction_policies``.
+The core's own policies are listed here (they are not attention types, so
+they need no plugin); third parties pass a factory, or register one through
+the ``kvcore_eviction_policies`` hook (collected by the plugin layer, read
+through ``Registry.eviction_policies``). Resolving a name or a factory gives a
+:class:`QueueFactory`: the built-in policies are free queues themselves
+(:mod:`kvcore._eviction.queue`); any other policy is driven through the public
+protocol by a :class:`~kvcore._eviction.driver.PolicyDriver`.
 """
 
 from __future__ import annotations
@@ -13,29 +16,32 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+import attrs
+
+from kvcore._eviction.driver import PolicyDriver
+from kvcore._eviction.lru import lru_policy
 from kvcore._eviction.policies import admit_policy, cost_policy, frequency_policy
-from kvcore._free_queue import lru_policy
-from kvcore._plugin_calls import call_plugin
-from kvcore.errors import HookImplementationError, PluginConflictError, UnknownEvictionPolicyError
+from kvcore._eviction.queue import FreeQueue
+from kvcore.errors import HookImplementationError, UnknownEvictionPolicyError
 from kvcore.eviction import POLICY_METHODS, EvictionPolicy, EvictionPolicyFactory, PoolInfo
 
 __all__ = [
-    "available_eviction_policies",
     "BUILTIN_POLICIES",
-    "PluginPolicyFactory",
     "DEFAULT_POLICY",
     "SIMULATOR_ONLY_POLICIES",
+    "QueueFactory",
+    "available_eviction_policies",
     "available_policies",
     "build_policy",
-    "check_plugin_policies",
     "resolve_policy",
+    "select_policy",
 ]
 
 #: The policy a pool uses unless told otherwise: the reference engine's order.
 DEFAULT_POLICY = "lru"
 
 #: Policies the core provides, by name.
-BUILTIN_POLICIES: Mapping[str, EvictionPolicyFactory] = MappingProxyType(
+BUILTIN_POLICIES: Mapping[str, Callable[[PoolInfo], FreeQueue]] = MappingProxyType(
     {
         "lru": lru_policy,
         "admit": admit_policy,
@@ -53,42 +59,31 @@ SIMULATOR_ONLY_POLICIES: Mapping[str, str] = MappingProxyType(
 )
 
 
-class PluginPolicyFactory:
-    """A plugin's policy factory, called so that what it raises names the plugin.
+@attrs.frozen
+class QueueFactory:
+    """Builds a pool's free queue: a resolved eviction policy.
 
-    ``Registry.eviction_policies`` hands these out: building a pool calls the
-    factory once, through :func:`~kvcore._plugin_calls.call_plugin`, so an
-    exception inside it comes out as
-    :class:`~kvcore.errors.HookImplementationError` naming the plugin and the
-    policy (kvcore's own errors pass through). The policy's methods are not
-    wrapped: they run on the allocation path.
+    Attributes:
+        name: The policy's name (or the factory's, for one passed directly).
+        build: ``(PoolInfo) -> FreeQueue``.
     """
 
-    __slots__ = ("factory", "name", "plugin")
+    name: str
+    build: Callable[[PoolInfo], FreeQueue]
 
-    def __init__(self, plugin: str, name: str, factory: EvictionPolicyFactory) -> None:
-        self.plugin = plugin
-        self.name = name
-        self.factory = factory
+    def __call__(self, info: PoolInfo) -> FreeQueue:
+        """The free queue of a new pool."""
+        return self.build(info)
 
-    def __call__(self, info: PoolInfo) -> EvictionPolicy:
-        factory = self.factory
-        return call_plugin(
-            self.plugin,
-            f"the factory of its eviction policy {self.name!r}",
-            lambda: factory(info),
-            pass_kvcore_errors=True,
-        )
 
-    def __repr__(self) -> str:
-        what = getattr(self.factory, "__qualname__", repr(self.factory))
-        return f"eviction policy {self.name!r} of plugin {self.plugin!r} ({what})"
+def _driven(name: str, factory: EvictionPolicyFactory) -> QueueFactory:
+    """A third party's policy, behind the driver that gives it the free-queue interface."""
+    return QueueFactory(name, lambda info: PolicyDriver(build_policy(factory, info)))
 
 
 def _describe(factory: Callable[..., Any]) -> str:
-    if isinstance(factory, PluginPolicyFactory):
-        factory = factory.factory
-    doc = (getattr(factory, "__doc__", None) or "").strip()
+    doc = getattr(factory, "description", None) or getattr(factory, "__doc__", None) or ""
+    doc = doc.strip()
     return doc.splitlines()[0] if doc else ""
 
 
@@ -122,15 +117,24 @@ def available_eviction_policies(registry: Any = None) -> dict[str, str]:
 
 
 def resolve_policy(
-    eviction: str | EvictionPolicyFactory,
+    eviction: str | EvictionPolicyFactory | QueueFactory,
     plugin_policies: Mapping[str, EvictionPolicyFactory] | None = None,
-) -> EvictionPolicyFactory:
-    """Turn a policy name (or a factory, returned as is) into a factory.
+) -> QueueFactory:
+    """Turn a policy name or a factory into the factory of a pool's free queue.
+
+    Args:
+        eviction: A built-in or plugin policy name, a factory
+            ``(PoolInfo) -> EvictionPolicy``, or an already resolved
+            :class:`QueueFactory` (returned as is).
+        plugin_policies: Policies registered by plugins, by name.
 
     Raises:
         UnknownEvictionPolicyError: no built-in or plugin policy has that
-            name; the message lists those that exist.
+            name (the message lists those that exist), or ``eviction`` is
+            neither a name nor callable.
     """
+    if isinstance(eviction, QueueFactory):
+        return eviction
     if not isinstance(eviction, str):
         if not callable(eviction):
             msg = (
@@ -138,26 +142,49 @@ def resolve_policy(
                 f"got {eviction!r}"
             )
             raise UnknownEvictionPolicyError(msg)
-        return eviction
-    factory = BUILTIN_POLICIES.get(eviction)
-    if factory is None and plugin_policies:
-        factory = plugin_policies.get(eviction)
-    if factory is not None:
-        return factory
-    names = list(available_policies(plugin_policies))
-    if eviction in SIMULATOR_ONLY_POLICIES:
+        return _driven(getattr(eviction, "__qualname__", repr(eviction)), eviction)
+    builtin = BUILTIN_POLICIES.get(eviction)
+    if builtin is not None:
+        return QueueFactory(eviction, builtin)
+    plugin = plugin_policies.get(eviction) if plugin_policies else None
+    if plugin is not None:
+        return _driven(eviction, plugin)
+    raise _unknown_policy(eviction, list(available_policies(plugin_policies)))
+
+
+def select_policy(
+    eviction: str | EvictionPolicyFactory,
+    plugin_policies: Mapping[str, EvictionPolicyFactory] | None = None,
+) -> str | EvictionPolicyFactory:
+    """What to hand a :class:`~kvcore.BlockPool`: a built-in name, or a policy factory.
+
+    A plugin's policy name becomes the plugin's factory (the pool knows no
+    plugins); anything else is returned as is once it is known to resolve.
+
+    Raises:
+        UnknownEvictionPolicyError: as :func:`resolve_policy`.
+    """
+    resolve_policy(eviction, plugin_policies)
+    if isinstance(eviction, str) and eviction not in BUILTIN_POLICIES:
+        assert plugin_policies is not None  # resolved: a plugin's name
+        return plugin_policies[eviction]
+    return eviction
+
+
+def _unknown_policy(name: str, names: list[str]) -> UnknownEvictionPolicyError:
+    if name in SIMULATOR_ONLY_POLICIES:
         msg = (
-            f"eviction policy {eviction!r} is not available to a KV cache manager: it is "
-            f"{SIMULATOR_ONLY_POLICIES[eviction]}. Available: {', '.join(names)}"
+            f"eviction policy {name!r} is not available to a KV cache manager: it is "
+            f"{SIMULATOR_ONLY_POLICIES[name]}. Available: {', '.join(names)}"
         )
-        raise UnknownEvictionPolicyError(msg)
-    close = difflib.get_close_matches(eviction, names, n=1)
+        return UnknownEvictionPolicyError(msg)
+    close = difflib.get_close_matches(name, names, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     msg = (
-        f"unknown eviction policy {eviction!r}. Available: {', '.join(names)} "
+        f"unknown eviction policy {name!r}. Available: {', '.join(names)} "
         f"(plugins add more through the kvcore_eviction_policies hook).{hint}"
     )
-    raise UnknownEvictionPolicyError(msg)
+    return UnknownEvictionPolicyError(msg)
 
 
 def build_policy(factory: EvictionPolicyFactory, info: PoolInfo) -> EvictionPolicy:
@@ -178,35 +205,3 @@ def build_policy(factory: EvictionPolicyFactory, info: PoolInfo) -> EvictionPoli
         )
         raise HookImplementationError(msg)
     return policy
-
-
-def check_plugin_policies(plugin: str, result: object) -> tuple[tuple[str, Any], ...]:
-    """Check one plugin's ``kvcore_eviction_policies`` result; its ``(name, factory)`` records.
-
-    Two plugins claiming one name are refused by the registry, as for every
-    keyed hook.
-
-    Raises:
-        HookImplementationError: the result is not a non-empty mapping of
-            names to callables.
-        PluginConflictError: the plugin claims a name kvcore uses itself.
-    """
-    from kvcore._hook_collection import bad_result
-
-    ok = (
-        isinstance(result, Mapping)
-        and bool(result)
-        and all(isinstance(k, str) and k and callable(v) for k, v in result.items())
-    )
-    if not ok:
-        expected = "a non-empty mapping of policy names to factories (PoolInfo) -> EvictionPolicy"
-        raise bad_result(plugin, "kvcore_eviction_policies", expected, result)
-    assert isinstance(result, Mapping)
-    for name in result:
-        if name in BUILTIN_POLICIES or name in SIMULATOR_ONLY_POLICIES:
-            msg = (
-                f"plugin {plugin!r} registers eviction policy {name!r}, a name kvcore uses for "
-                "a policy of its own; pick another name"
-            )
-            raise PluginConflictError(msg)
-    return tuple(result.items())

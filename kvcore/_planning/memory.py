@@ -7,7 +7,7 @@ from typing import Final
 
 from kvcore.errors import InvalidConfigError
 
-__all__ = ["format_bytes", "parse_memory"]
+__all__ = ["parse_memory"]
 
 _UNITS: Final[dict[str, int]] = {
     "b": 1,
@@ -61,24 +61,3 @@ def parse_memory(value: int | str) -> int:
         raise InvalidConfigError(msg)
     number = float(match.group(1)) if "." in match.group(1) else int(match.group(1))
     return int(number * _UNITS[unit or "b"])
-
-
-def format_bytes(num_bytes: int, *, round_up: bool = False) -> str:
-    """``num_bytes`` in binary units with two decimals: ``"80.00 GiB"``, ``"512 B"``.
-
-    Args:
-        num_bytes: The amount.
-        round_up: Round the last decimal up instead of to nearest, so that a
-            stated minimum is never below the exact amount.
-    """
-    if abs(num_bytes) < 1024:
-        return f"{num_bytes} B"
-    scale, unit = 1024, "KiB"
-    for bigger in ("MiB", "GiB", "TiB"):
-        if abs(num_bytes) < scale * 1024:
-            break
-        scale, unit = scale * 1024, bigger
-    if round_up:
-        hundredths = -(-num_bytes * 100 // scale)  # exact ceiling, no float error
-        return f"{hundredths // 100}.{hundredths % 100:02d} {unit}"
-    return f"{num_bytes / scale:.2f} {unit}"

@@ -13,7 +13,7 @@ from kvcore._planning.alignment import align_state_pages
 from kvcore._planning.group_size import GROUP_SIZE_RULES
 from kvcore._planning.grouping import get_kv_cache_groups
 from kvcore._planning.layout import bytes_per_block
-from kvcore._planning.memory import format_bytes, parse_memory
+from kvcore._planning.memory import parse_memory
 from kvcore._planning.model_config import ModelConfig, build_layer_specs, load_model_config
 from kvcore._planning.report import GroupReport, group_reports, short_layer_list
 from kvcore._planning.sizing import (
@@ -26,6 +26,7 @@ from kvcore._planning.sizing import (
 )
 from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
+from kvcore._utils import format_bytes
 from kvcore.errors import InvalidConfigError
 from kvcore.specs import KVCacheSpec, TokenLimits, dtype_name
 

@@ -19,8 +19,7 @@ from kvcore._block_pool import MAX_NUM_BLOCKS
 from kvcore._config import KVCacheConfig, KVCacheGroupSpec, KVCacheLayout
 from kvcore._planning.grouping import get_kv_cache_groups
 from kvcore._planning.layout import bytes_per_block, check_layout, layout_tensors
-from kvcore._planning.memory import format_bytes
-from kvcore._utils import cdiv
+from kvcore._utils import cdiv, format_bytes
 from kvcore.errors import InsufficientMemoryError, InvalidConfigError, PoolTooLargeError
 from kvcore.specs import KVCacheSpec, TokenLimits
 

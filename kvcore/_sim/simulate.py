@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from kvcore._eviction.registry import resolve_policy
+from kvcore._eviction.registry import select_policy
 from kvcore._hashing import HASH_ALGORITHMS
 from kvcore._kv_cache_manager import KVCacheManager
 from kvcore._planning.plan import KVCachePlan
@@ -215,7 +215,8 @@ def simulate(
     registry = registry if registry is not None else load_registry()
     eviction = options.eviction
     if eviction != BELADY:
-        eviction = resolve_policy(eviction, registry.eviction_policies)
+        # An unknown name is refused before the plan and the ceiling are worked out.
+        eviction = select_policy(eviction, registry.eviction_policies)
     plan = plan_for(options, registry)
     config = plan.kv_cache_config
     max_model_len = plan.max_model_len

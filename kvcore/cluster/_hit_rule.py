@@ -6,10 +6,10 @@ for its own pool: every group's manager class searches with its type's rule
 (full attention: the longest cached prefix; sliding window: only the blocks of
 the last window; Mamba: one cached state at an aligned position), and the
 coordinator reconciles the groups (a fixed point over the candidate length).
-The index reuses that code unchanged: it builds, per engine, a coordinator of
-the engine's layout whose lookups go to an :class:`EngineView` of the index
-instead of a block pool, so its answer is exactly the engine's own answer for
-the same cached blocks.
+The index reuses that code unchanged: it runs the engine layout's hit rule
+(the core's :class:`~kvcore._hits.HitRule`) with lookups answered by an
+:class:`EngineView` of the index instead of a block pool, so its answer is
+exactly the engine's own answer for the same cached blocks.
 
 ``hybrid_aware=False`` scores as indexes that know no attention types do: every
 group is searched with the full-attention prefix rule (a hit needs every block
@@ -25,29 +25,17 @@ from typing import Any
 import attrs
 
 from kvcore._config import KVCacheConfig
-from kvcore._coordinator import KVCacheCoordinator, UnitaryCoordinator, make_coordinator
 from kvcore._hashing import HASH_ALGORITHMS, hashes_at_block_size
+from kvcore._hits import HitRule, make_hit_rule
 from kvcore._registry import Registry
 from kvcore.cluster._backend import Snapshot
 from kvcore.cluster._errors import InvalidConfigError
-from kvcore.managers import HitQuery, PrefixManager, SingleTypeManager
-from kvcore.specs import KVCacheSpec
+from kvcore.managers import PrefixManager, SingleTypeManager
 
 __all__ = ["EngineView", "FleetLayout", "longest_hit"]
 
-#: A stand-in block id: views answer "cached or not", the coordinator only counts.
+#: A stand-in block id: views answer "cached or not", the hit rule only counts.
 _CACHED = 1
-# The coordinator that searches a view is built on a small pool of its own
-# (its managers are never asked to allocate); some types reserve a few blocks
-# at construction, so the pool is not minimal.
-_SEARCH_POOL_BLOCKS = 4096
-
-
-class _PrefixRuleForEveryGroup:
-    """A registry stand-in that gives every spec the full-attention prefix rule."""
-
-    def manager_class(self, spec: KVCacheSpec | type[KVCacheSpec]) -> type[SingleTypeManager[Any]]:
-        return PrefixManager
 
 
 class EngineView:
@@ -126,39 +114,22 @@ class FleetLayout:
             msg = "FleetLayout.config has no KV cache group: there is nothing to index"
             raise InvalidConfigError(msg)
 
-    def _coordinator(self, registry: Any) -> KVCacheCoordinator:
-        # Only the groups matter to a search: a small pool, no tensors.
-        config = attrs.evolve(
-            self.config,
-            num_blocks=min(self.config.num_blocks, _SEARCH_POOL_BLOCKS),
-            kv_cache_tensors=(),
-        )
-        return make_coordinator(
-            config,
-            registry,
-            enable_caching=True,
-            use_eagle=self.use_eagle,
-            enable_kv_cache_events=False,
-        )
-
-    def _search_coordinator(self, view: EngineView, *, hybrid_aware: bool) -> KVCacheCoordinator:
-        """A coordinator of this layout whose hit search looks blocks up in ``view``.
+    def _hit_rule(self, *, hybrid_aware: bool) -> HitRule:
+        """The engines' hit rule; with ``hybrid_aware=False``, every group by the prefix rule.
 
         Raises:
             InvalidConfigError: the layout cannot be prefix-cached.
         """
-        coordinator = self._coordinator(
-            self.registry if hybrid_aware else _PrefixRuleForEveryGroup()
-        )
-        # The one seam between the index and the core's hit search (see
-        # longest_hit): lookups go to the view instead of the coordinator's pool.
-        coordinator.block_pool = view  # type: ignore[assignment]
-        return coordinator
+        specs = [group.kv_cache_spec for group in self.config.kv_cache_groups]
+        classes: list[type[SingleTypeManager[Any]]] = [
+            self.registry.manager_class(spec) if hybrid_aware else PrefixManager for spec in specs
+        ]
+        return make_hit_rule(specs, classes, enable_caching=True, use_eagle=self.use_eagle)
 
     @property
     def hash_block_size(self) -> int:
         """Tokens per entry of a request's block hashes, as the engines' managers hash."""
-        return self._coordinator(self.registry).hash_block_size
+        return self._hit_rule(hybrid_aware=True).hash_block_size
 
     def group_hashes(
         self, block_hashes: Sequence[Hashable], hash_block_size: int
@@ -171,31 +142,13 @@ class FleetLayout:
 
 
 def longest_hit(
-    coordinator: KVCacheCoordinator, block_hashes: Sequence[Hashable], max_length: int
+    rule: HitRule, view: EngineView, block_hashes: Sequence[Hashable], max_length: int
 ) -> int:
-    """Tokens the coordinator's engine would hit, by the core's own hit search.
+    """Tokens ``view``'s engine would hit, by the core's own hit search.
 
-    This is the only place the cluster layer calls into the hit search. The
-    coordinator (built by ``FleetLayout._search_coordinator`` over an
-    :class:`EngineView`) runs every group's ``find_longest_cache_hit`` and the
-    cross-group reconciliation with lookups answered by the view. A
-    single-group coordinator keeps its pool in a prebuilt query, so its one
-    search is asked directly, through the same :class:`~kvcore.managers.HitQuery`
-    with the view as the cache.
+    This is the only place the cluster layer calls into the hit search: the
+    layout's rule runs every group's ``find_longest_cache_hit`` and the
+    cross-group reconciliation, with lookups answered by the view.
     """
-    if isinstance(coordinator, UnitaryCoordinator):
-        (manager,) = coordinator.managers
-        block_size: int = manager.spec.block_size
-        query = HitQuery(
-            block_hashes,
-            max_length,
-            (0,),
-            coordinator.block_pool,
-            manager.spec,
-            coordinator.use_eagle,
-            block_size,
-        )
-        hits = type(manager).find_longest_cache_hit(query)
-        return len(hits[0]) * block_size
-    _, num_tokens = coordinator.find_longest_cache_hit(block_hashes, max_length)
+    _, num_tokens = rule.find(block_hashes, max_length, view)
     return num_tokens

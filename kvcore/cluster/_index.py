@@ -8,7 +8,6 @@ from typing import Any
 
 import attrs
 
-from kvcore._coordinator import KVCacheCoordinator
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvcore.cluster._backend import CLEAR, REMOVE, STORE, Backend, NotFetchedError, ReadyBatch
 from kvcore.cluster._embedded import EmbeddedBackend
@@ -151,10 +150,11 @@ class ClusterIndex:
         self.clock = clock
         self.max_pending = max_pending
         self.stats = IndexStats()
-        self.hash_block_size = layout.hash_block_size
+        self._hit_rule = layout._hit_rule(hybrid_aware=hybrid_aware)
+        self.hash_block_size = self._hit_rule.hash_block_size
         self._states: dict[str, _EngineState] = {}
         self._ready: list[ReadyBatch] = []
-        self._searchers: list[tuple[EngineView, KVCacheCoordinator]] = []
+        self._searchers: list[EngineView] = []
         self._beats: set[str] = set()
         self._last_keepalive = float("-inf")
 
@@ -321,12 +321,10 @@ class ClusterIndex:
 
     # -- queries ----------------------------------------------------------------------
 
-    def _searcher(self, position: int) -> tuple[EngineView, KVCacheCoordinator]:
+    def _searcher(self, position: int) -> EngineView:
         searchers = self._searchers
         while len(searchers) <= position:
-            view = EngineView(len(searchers))
-            coordinator = self.layout._search_coordinator(view, hybrid_aware=self.hybrid_aware)
-            searchers.append((view, coordinator))
+            searchers.append(EngineView(len(searchers)))
         return searchers[position]
 
     def hit_tokens(
@@ -362,12 +360,13 @@ class ClusterIndex:
         out: dict[str, int] = {}
         max_length = num_tokens - 1
         unfinished = []
+        rule = self._hit_rule
         for position, engine in enumerate(engines):
-            view, coordinator = self._searcher(position)
+            view = self._searcher(position)
             view.snapshot = snapshot
             try:
                 out[engine] = (
-                    longest_hit(coordinator, block_hashes, max_length) if max_length > 0 else 0
+                    longest_hit(rule, view, block_hashes, max_length) if max_length > 0 else 0
                 )
             except NotFetchedError:
                 unfinished.append(position)
@@ -380,8 +379,8 @@ class ClusterIndex:
                 msg = f"the cluster index's {self.backend.name} backend is unreachable: {exc}"
                 raise IndexUnavailableError(msg) from exc
             for position in unfinished:
-                _, coordinator = self._searcher(position)
-                out[engines[position]] = longest_hit(coordinator, block_hashes, max_length)
+                view = self._searcher(position)
+                out[engines[position]] = longest_hit(rule, view, block_hashes, max_length)
         self.stats.queries += 1
         self.stats.query_s += time.perf_counter() - start
         return out

@@ -12,6 +12,9 @@ from kvcore_plugins.cross_attention.spec import CrossAttentionSpec
 
 __all__ = ["CrossAttentionManager"]
 
+# A token count no request reaches.
+_NEVER = 1 << 62
+
 _NEVER_CACHED = (
     "CrossAttentionManager: cross-attention blocks hold one request's encoder output "
     "and are never prefix-cached; build the KVCacheManager with enable_caching=False "
@@ -48,6 +51,10 @@ class CrossAttentionManager(SingleTypeManager[CrossAttentionSpec]):
             PrefixCachingNotSupportedError: always.
         """
         raise PrefixCachingNotSupportedError(_NEVER_CACHED)
+
+    def steady_until(self, request_id: str, num_computed_tokens: int) -> int:
+        """Never: the encoder's blocks are allocated once, at admission, and kept to the end."""
+        return _NEVER
 
     def allocate_new_computed_blocks(
         self,

@@ -51,14 +51,11 @@ class MambaManager(SingleTypeManager[MambaSpec]):
     eagle_drops_last_block: ClassVar[bool] = False
     #: Every state but the latest is freed as the request advances.
     frees_skipped_blocks: ClassVar[bool] = True
-    #: The overrides below add room for speculative states, refuse a hit on
-    #: a same-step state and note what a step caches: in a decode step (no
-    #: hit) they act as the base class's with that room.
-    decode_follows_base: ClassVar[bool] = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.decode_room_tokens = self.block_size * self.spec.num_speculative_blocks
+        #: Tokens of room kept past a request's tokens for speculative states.
+        self.speculative_room = self.block_size * self.spec.num_speculative_blocks
         #: State blocks cached since the current step began (steps announced).
         self.cached_blocks_this_step: set[int] = set()
         self._steps_announced = False
@@ -150,16 +147,26 @@ class MambaManager(SingleTypeManager[MambaSpec]):
                     "start of every scheduling step.",
                     self.kv_cache_group_id,
                 )
-        num_tokens += self.block_size * self.spec.num_speculative_blocks
+        num_tokens += self.speculative_room
         return super().get_num_blocks_to_allocate(
             request_id, num_tokens, new_computed_blocks, total_computed_tokens
         )
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
         """As the base class, with ``num_speculative_blocks`` more blocks of room."""
-        return super().allocate_new_blocks(
-            request_id, num_tokens + self.block_size * self.spec.num_speculative_blocks
-        )
+        return super().allocate_new_blocks(request_id, num_tokens + self.speculative_room)
+
+    def steady_until(self, request_id: str, num_computed_tokens: int) -> int:
+        """As the base class, less the room kept for speculative states.
+
+        Caching and freeing follow the base class's rules (a decode step
+        adopts no hit, so the same-step rule does not apply to it).
+        """
+        limit = super().steady_until(request_id, num_computed_tokens)
+        table = self.req_to_blocks.get(request_id)
+        if table:
+            limit = min(limit, len(table) * self.block_size - self.speculative_room)
+        return limit
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """As the base class; once steps are announced, remember what this step cached."""

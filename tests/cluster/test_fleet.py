@@ -6,9 +6,9 @@ import json
 
 import attrs
 import pytest
+from protocol_adapters import ReferenceLRU
 
 from kvcore._cli.main import main
-from kvcore._free_queue import LRUFreeQueue
 from kvcore._sim.ceiling import prefix_reuse_ceiling
 from kvcore._sim.fleet import FleetOptions, format_fleet_report, simulate_fleet
 from kvcore._sim.simulate import SimulationOptions
@@ -71,9 +71,9 @@ def test_least_loaded_and_random_route_every_request():
 def test_every_engine_of_a_fleet_uses_the_eviction_policy():
     built = []
 
-    def recording_lru(info: PoolInfo) -> LRUFreeQueue:
+    def recording_lru(info: PoolInfo) -> ReferenceLRU:
         built.append(info.num_blocks)
-        return LRUFreeQueue(info.num_blocks)
+        return ReferenceLRU(info.num_blocks)
 
     options = attrs.evolve(OPTIONS, eviction=recording_lru)
     report = simulate_fleet(conversations(3, 2), options, FleetOptions(engines=3))

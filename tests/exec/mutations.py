@@ -14,8 +14,8 @@ import attrs
 
 from kvcore import KVCacheTensor
 from kvcore._block_pool import BlockPool
-from kvcore._coordinator import HybridCoordinator
 from kvcore._hashing import BlockHasher, hashes_at_block_size
+from kvcore._hits import HybridHitRule
 from kvcore._kv_cache_manager import KVCacheManager
 from kvcore.executor import EngineRequest
 from kvcore.managers import NULL_BLOCK, HitQuery, SingleTypeManager
@@ -105,13 +105,14 @@ def _mamba_hit_reads_the_previous_checkpoint(mp: Any) -> None:
 
 def _stale_cache_entry_on_reuse(mp: Any) -> None:
     # Reallocating a cached free block forgets to drop its hash from the map.
-    def get_new_blocks(self: BlockPool, num_blocks: int) -> list[int]:
-        blocks = self._free.pop_n(num_blocks)
+    def take(self: BlockPool, num_blocks: int) -> list[int]:
+        blocks = self._queue.take(num_blocks) if num_blocks else []
+        self._num_free -= num_blocks
         for block in blocks:
             self._ref[block] = 1
         return blocks
 
-    mp.setattr(BlockPool, "get_new_blocks", get_new_blocks)
+    mp.setattr(BlockPool, "_take", take)
 
 
 def _hash_ignores_the_last_token_of_a_block(mp: Any) -> None:
@@ -167,10 +168,10 @@ def _freed_window_blocks_left_in_the_table(mp: Any) -> None:
 
 def _hybrid_hit_not_trimmed(mp: Any) -> None:
     # Full attention keeps the blocks it hit past the length every group agreed on.
-    original = HybridCoordinator.find_longest_cache_hit
+    original = HybridHitRule.find
 
-    def untrimmed(self: Any, block_hashes: Any, max_length: int) -> Any:
-        hits, length = original(self, block_hashes, max_length)
+    def untrimmed(self: Any, block_hashes: Any, max_length: int, cache: Any) -> Any:
+        hits, length = original(self, block_hashes, max_length, cache)
         hits = list(hits)
         for group in self._spec_groups:
             if group.downward_closed:
@@ -179,7 +180,7 @@ def _hybrid_hit_not_trimmed(mp: Any) -> None:
                         hashes_at_block_size(block_hashes, self.hash_block_size, group.block_size),
                         max_length,
                         group.group_ids,
-                        self.block_pool,
+                        cache,
                         group.spec,
                         False,
                         group.block_size,
@@ -189,7 +190,7 @@ def _hybrid_hit_not_trimmed(mp: Any) -> None:
                     hits[group_id] = blocks
         return tuple(hits), length
 
-    mp.setattr(HybridCoordinator, "find_longest_cache_hit", untrimmed)
+    mp.setattr(HybridHitRule, "find", untrimmed)
 
 
 def _eagle_keeps_the_last_hit_block(mp: Any) -> None:
@@ -197,7 +198,7 @@ def _eagle_keeps_the_last_hit_block(mp: Any) -> None:
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        self.coordinator.use_eagle = False
+        self.coordinator.hit_rule.use_eagle = False
 
     mp.setattr(KVCacheManager, "__init__", init)
 

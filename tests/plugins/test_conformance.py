@@ -143,6 +143,9 @@ class MispredictingManager(FullAttentionManager):
     def get_num_blocks_to_allocate(self, *args: Any) -> int:
         return super().get_num_blocks_to_allocate(*args) + 1
 
+    def steady_until(self, request_id: str, num_computed_tokens: int) -> int:
+        return num_computed_tokens  # every step the full way
+
 
 @attrs.frozen(kw_only=True)
 class LongHits(FullAttentionSpec):
@@ -175,6 +178,9 @@ class LeakingManager(FullAttentionManager):
         if total_computed_tokens > 32 and table and table[0]:
             self.block_pool.free_blocks([table[0]])
             table[0] = kvcore.NULL_BLOCK
+
+    def steady_until(self, request_id: str, num_computed_tokens: int) -> int:
+        return num_computed_tokens  # every step the full way
 
 
 @pytest.mark.parametrize(

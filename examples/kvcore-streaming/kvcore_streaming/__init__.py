@@ -106,6 +106,23 @@ class StreamingManager(SingleTypeManager[StreamingSpec]):
             # If the operation fails later, the pool undoes it: put the blocks back then.
             self.block_pool.record(_put_back, table, freed)
 
+    def steady_until(self, request_id: str, num_computed_tokens: int) -> int:
+        """As the base class, and no further than the window leaving the gap's next block.
+
+        The block after the sinks that is still held is freed once the window
+        starts past it: at ``(index + 1) * block_size + sliding_window - 1``
+        computed tokens (a step that needs that many tokens has computed at
+        most one fewer).
+        """
+        limit = super().steady_until(request_id, num_computed_tokens)
+        table = self.req_to_blocks.get(request_id, [])
+        first = range(self.spec.sink_blocks, len(table))
+        held = next((index for index in first if table[index] != NULL_BLOCK), None)
+        if held is not None:
+            freed_at = (held + 1) * self.block_size + self.spec.sliding_window - 1
+            limit = min(limit, freed_at)
+        return limit
+
     @classmethod
     def find_longest_cache_hit(cls, query: HitQuery[StreamingSpec]) -> tuple[list[int], ...]:
         """The longest aligned hit whose sink and window blocks are all cached.
