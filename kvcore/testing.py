@@ -10,11 +10,12 @@ documentation.
 :func:`check_manager_invariants` verifies, after any operation, the invariants
 every manager and pool must keep (see :doc:`/explanation/architecture`).
 :class:`RandomWorkload` drives a :class:`~kvcore.KVCacheManager` through random
-admissions (with cache lookups and chunked prefill), decode steps with
-lookahead slots, preemptions, finishes and prefix-cache resets, and checks the
-invariants after each operation, plus the per-operation ones: an allocation
-takes exactly the blocks it predicted, a refused allocation changes nothing,
-and a hit is aligned and shorter than the prompt.
+admissions (with cache lookups, tokens loaded by a KV connector and chunked
+prefill), decode steps with lookahead slots, preemptions, finishes and
+prefix-cache resets, and checks the invariants after each operation, plus the
+per-operation ones: an allocation takes exactly the blocks it predicted, a
+refused allocation changes nothing, and a hit is aligned and shorter than the
+prompt.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from kvcore._conformance import ConformanceError, ConformanceReport, check_plugi
 from kvcore._hashing import hashes_at_block_size
 from kvcore._kv_cache_manager import KVCacheBlocks, KVCacheManager
 from kvcore._request import Request
+from kvcore.errors import InvalidConfigError
 
 __all__ = [
     "ConformanceError",
@@ -205,6 +207,7 @@ class WorkloadStats:
     preemptions: int = 0
     finished: int = 0
     hit_tokens: int = 0
+    external_tokens: int = 0
     resets: int = 0
 
 
@@ -212,7 +215,10 @@ class RandomWorkload:
     """Random engine-like traffic against a manager, checking invariants as it goes.
 
     Prompts are built from a few shared prefixes so that cache hits, revivals
-    of freed cached blocks and evictions all happen.
+    of freed cached blocks and evictions all happen. Some admissions also get
+    tokens a KV connector loads (``num_external_computed_tokens``): after the
+    cache hit, between 1 and all but one of the prompt's remaining tokens,
+    loaded at once (their blocks are cached with the step's).
 
     Args:
         manager: The manager under test.
@@ -222,8 +228,13 @@ class RandomWorkload:
         max_output: Most decode tokens per request.
         num_encoder_tokens: Encoder tokens per request (for cross attention).
         max_lookahead: Most lookahead slots asked for per decode step.
+        external_rate: Chance (0 to 1) that an admission with at least two
+            tokens past its cache hit gets external tokens.
         check_every: Run the full (O(pool size)) invariant check every this
             many operations; the per-operation checks always run.
+
+    Raises:
+        InvalidConfigError: ``external_rate`` is not between 0 and 1.
     """
 
     def __init__(
@@ -236,8 +247,12 @@ class RandomWorkload:
         max_output: int = 40,
         num_encoder_tokens: int = 0,
         max_lookahead: int = 2,
+        external_rate: float = 0.25,
         check_every: int = 1,
     ) -> None:
+        if not 0 <= external_rate <= 1:
+            msg = f"RandomWorkload external_rate must be between 0 and 1, got {external_rate!r}"
+            raise InvalidConfigError(msg)
         self.manager = manager
         self.rng = random.Random(seed)
         self.max_running = max_running
@@ -245,6 +260,7 @@ class RandomWorkload:
         self.max_output = max_output
         self.num_encoder_tokens = num_encoder_tokens
         self.max_lookahead = max_lookahead
+        self.external_rate = external_rate
         self.check_every = check_every
         self.stats = WorkloadStats()
         self._prefixes = [
@@ -279,9 +295,10 @@ class RandomWorkload:
         num_hit: int = 0,
         hit: object = None,
         num_lookahead: int = 0,
+        num_external: int = 0,
     ) -> bool:
         manager = self.manager
-        num_computed = request.num_computed_tokens + num_hit
+        num_computed = request.num_computed_tokens + num_hit + num_external
         manager.remove_skipped_blocks(request.request_id, num_computed)
         need = min(num_computed + num_new_tokens + num_lookahead, manager.max_model_len)
         hits = hit.blocks if hit is not None else manager.empty_kv_cache_blocks.blocks  # type: ignore[attr-defined]
@@ -296,6 +313,7 @@ class RandomWorkload:
             num_hit,
             hit,  # type: ignore[arg-type]
             num_lookahead_tokens=num_lookahead,
+            num_external_computed_tokens=num_external,
             num_encoder_tokens=self.num_encoder_tokens,
         )
         if result is None:
@@ -324,11 +342,16 @@ class RandomWorkload:
             msg = f"hit of {num_hit} tokens for a {request.num_tokens}-token request"
             raise AssertionError(msg)
         remaining = request.num_tokens - num_hit
+        external = 0
+        if remaining > 1 and self.rng.random() < self.external_rate:
+            external = self.rng.randint(1, remaining - 1)
+            remaining -= external
         chunk = remaining if self.rng.random() < 0.5 else self.rng.randint(1, remaining)
-        if self._checked_allocate(request, chunk, num_hit, hit):
+        if self._checked_allocate(request, chunk, num_hit, hit, num_external=external):
             self.stats.admitted += 1
             self.stats.hit_tokens += num_hit
-            request.num_computed_tokens = num_hit + chunk
+            self.stats.external_tokens += external
+            request.num_computed_tokens = num_hit + external + chunk
             self._waiting.remove(request)
             self._running.append(request)
         else:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from protocol_adapters import rolled_back
 
 import kvcore
 from kvcore import BlockPool, Request
+from kvcore._events import BlockRemoved
 from kvcore.errors import DoubleFreeError, InvalidConfigError, OutOfBlocksError
 
 
@@ -407,4 +410,135 @@ def test_cached_blocks_lists_duplicates_first_found_first():
     # Evicting the first promotes the duplicate.
     pool.evict_blocks([a])
     assert pool.cached_blocks(block_hash, 0) == [b]
+    pool.check_invariants()
+
+
+# -- three copies of one hash: the oldest waiting copy is found next ----------------------
+#
+# Worked by hand: a fresh 4-block pool hands out blocks 1, 2, 3 in id order; each is
+# cached, in that order, under the hash of the same four tokens. A lookup finds the
+# copy cached first; the others wait in caching order. When the found copy loses its
+# hash, the copy that has waited longest (cached earliest) is found next, whatever
+# the free-queue order.
+
+
+def three_copies(**pool_options: object) -> tuple[BlockPool, object]:
+    """A 4-block pool whose blocks 1, 2, 3 are cached, in that order, under one hash."""
+    pool = BlockPool(4, **pool_options)  # type: ignore[arg-type]
+    for _ in range(3):
+        request = cached_request([5, 6, 7, 8], 4)
+        pool.cache_full_blocks(request, pool.get_new_blocks(1), 0, 1, 4, 0)
+    return pool, request.block_hashes[0]
+
+
+def found(pool: BlockPool, block_hash: object) -> tuple[object, ...]:
+    """What each public lookup finds for ``block_hash`` in group 0."""
+    return (
+        pool.cached_block(block_hash, 0),
+        pool.get_cached_block(block_hash, [0]),
+        pool.match_prefix([block_hash], 0, 1, [0]),
+    )
+
+
+def test_three_copies_are_listed_in_caching_order():
+    pool, h = three_copies()
+    assert pool.cached_blocks(h, 0) == [1, 2, 3]
+    assert found(pool, h) == (1, [1], ([1],))
+
+
+def test_evicting_the_found_copy_promotes_the_oldest_waiting_copy():
+    pool, h = three_copies()
+    pool.evict_blocks([1])
+    assert pool.cached_blocks(h, 0) == [2, 3]
+    assert found(pool, h) == (2, [2], ([2],))
+    pool.evict_blocks([2])
+    assert pool.cached_blocks(h, 0) == [3]
+    assert found(pool, h) == (3, [3], ([3],))
+    pool.evict_blocks([3])
+    assert found(pool, h) == (None, None, ([],))
+    pool.check_invariants()
+
+
+def test_evicting_a_waiting_copy_keeps_the_others_in_order():
+    pool, h = three_copies()
+    pool.evict_blocks([2])
+    assert pool.cached_blocks(h, 0) == [1, 3]
+    pool.evict_blocks([1])
+    assert pool.cached_blocks(h, 0) == [3]
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("events", [False, True], ids=["no_events", "events"])
+def test_allocation_evicts_in_queue_order_and_promotes_the_oldest_copy(events):
+    # Freed 1, 3, 2: the queue hands out 1 first, then 3, then 2. Taking 1 (the
+    # found copy) promotes 2, the oldest waiting copy, although 3 is evicted next.
+    pool, h = three_copies(enable_kv_cache_events=events)
+    pool.free_blocks([1, 3, 2])
+    assert pool.free_block_ids() == [1, 3, 2]
+    pool.take_events()
+    assert pool.get_new_blocks(1) == [1]
+    assert pool.cached_blocks(h, 0) == [2, 3]
+    assert found(pool, h) == (2, [2], ([2],))
+    assert pool.get_new_blocks(1) == [3]
+    assert pool.cached_blocks(h, 0) == [2]
+    assert pool.get_new_blocks(1) == [2]
+    assert pool.cached_blocks(h, 0) == []
+    expected_events = [BlockRemoved(block_hashes=(h,), group_idx=0)] * 3
+    assert pool.take_events() == (expected_events if events else [])
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("events", [False, True], ids=["no_events", "events"])
+def test_rolling_back_an_eviction_of_copies_restores_their_order(events):
+    pool, h = three_copies(enable_kv_cache_events=events)
+    pool.free_blocks([1, 3, 2])
+    with rolled_back(pool):
+        pool.evict_blocks([1])  # promotes 2
+        pool.evict_blocks([3])  # a waiting copy leaves
+        assert pool.cached_blocks(h, 0) == [2]
+    assert pool.cached_blocks(h, 0) == [1, 2, 3]
+    with rolled_back(pool):
+        assert pool.get_new_blocks(2) == [1, 3]  # the allocation path: 1 promotes 2, 3 leaves
+        assert pool.cached_blocks(h, 0) == [2]
+    assert pool.cached_blocks(h, 0) == [1, 2, 3]
+    assert pool.free_block_ids() == [1, 3, 2]
+    pool.check_invariants()
+    # The restored order is the live one: evicting the found copy promotes 2 again.
+    pool.evict_blocks([1])
+    assert found(pool, h) == (2, [2], ([2],))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    copies=st.integers(3, 6),
+    order=st.randoms(use_true_random=False),
+    rollback_after=st.integers(0, 6),
+)
+def test_copies_are_found_oldest_first_under_any_evictions(copies, order, rollback_after):
+    """Model: a list in caching order; a lookup finds its head; eviction removes one entry.
+
+    Evictions after ``rollback_after`` of them run in a transaction that is
+    rolled back: the list is as it was before the transaction.
+    """
+    pool = BlockPool(copies + 1)
+    for _ in range(copies):
+        request = cached_request([5, 6, 7, 8], 4)
+        pool.cache_full_blocks(request, pool.get_new_blocks(1), 0, 1, 4, 0)
+    h = request.block_hashes[0]
+    model = list(range(1, copies + 1))
+    victims = list(model)
+    order.shuffle(victims)
+
+    def evict(victims: list[int]) -> None:
+        for victim in victims:
+            pool.evict_blocks([victim])
+            model.remove(victim)
+            assert pool.cached_blocks(h, 0) == model
+            assert pool.cached_block(h, 0) == (model[0] if model else None)
+
+    evict(victims[:rollback_after])
+    saved = list(model)
+    with rolled_back(pool):
+        evict(victims[rollback_after:])
+    assert pool.cached_blocks(h, 0) == saved
     pool.check_invariants()

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from extra_key_bytes import LONG_BLOCK_KEYS, long_block_request
 
 from kvcore import BlockHasher, MultiModalFeature, Request
 from kvcore._hashing import (
@@ -143,9 +144,12 @@ def test_multimodal_keys_across_blocks_and_their_hash():
     hasher = BlockHasher(16)
     hasher.update(request)
     assert len(request.block_hashes) == 3
-    assert request.block_hashes[0] == expected_sha256(
-        NONE_HASH_SHA256, tokens[:16], encode_extra_keys((("mm", "aaa", 11),))
+    # (("mm", "aaa", 11),) written out: a 1-tuple holding a 3-tuple of two
+    # strings and the 1-byte int 11.
+    mm_aaa_11 = (
+        b"T\x01\x00\x00\x00T\x03\x00\x00\x00S\x02\x00\x00\x00mmS\x03\x00\x00\x00aaaI\x01\x0b"
     )
+    assert request.block_hashes[0] == expected_sha256(NONE_HASH_SHA256, tokens[:16], mm_aaa_11)
     request.append_output_token_ids([7, 7, 7, 7, 7])
     hasher.update(request)
     assert len(request.block_hashes) == 4
@@ -153,11 +157,15 @@ def test_multimodal_keys_across_blocks_and_their_hash():
     # The same tokens with another image in block 1 share only block 0's hash.
     other = Request("o", tokens, mm_features=[features[0], features[2]])
     hasher.update(other)
-    assert (
-        other.block_hashes[0] != request.block_hashes[0]
-        or other.block_hashes[1] != (request.block_hashes[1])
-    )
+    assert other.block_hashes[0] == request.block_hashes[0]
     assert other.block_hashes[1] != request.block_hashes[1]
+    # Its block 1 carries only (("mm", "aaa", -5),): -5 is the byte 0xfb.
+    mm_aaa_minus_5 = (
+        b"T\x01\x00\x00\x00T\x03\x00\x00\x00S\x02\x00\x00\x00mmS\x03\x00\x00\x00aaaI\x01\xfb"
+    )
+    assert other.block_hashes[1] == expected_sha256(
+        request.block_hashes[0], tokens[16:32], mm_aaa_minus_5
+    )
 
 
 def test_extra_key_encoding_is_unambiguous():
@@ -175,6 +183,59 @@ def test_extra_key_encoding_is_unambiguous():
     assert len(set(encodings)) == len(keys)
     with pytest.raises(TypeError, match="has no canonical encoding"):
         encode_extra_keys((1.5,))
+
+
+# Extra keys written out byte by byte. Each value starts with a one-byte tag:
+# a tuple is "T" and its item count, a str "S" and the length of its UTF-8
+# bytes, a bytes value "B" and its length (count and lengths: 4 bytes,
+# little-endian), then the items or the bytes; an int is "I", one byte
+# holding its size bit_length // 8 + 1, then its two's complement in that many
+# bytes, little-endian; None is "N". Wrapped in the 1-tuple of keys: T1.
+T1 = b"T\x01\x00\x00\x00"
+MM_X = b"T\x03\x00\x00\x00S\x02\x00\x00\x00mmS\x01\x00\x00\x00x"
+
+
+@pytest.mark.parametrize(
+    ("keys", "encoded"),
+    [
+        (
+            (("lora", "ab"),),
+            T1 + b"T\x02\x00\x00\x00S\x04\x00\x00\x00loraS\x02\x00\x00\x00ab",
+        ),
+        # A salt of one character but two UTF-8 bytes: the length counts bytes.
+        (
+            (("salt", "\u00e9"),),
+            T1 + b"T\x02\x00\x00\x00S\x04\x00\x00\x00saltS\x02\x00\x00\x00\xc3\xa9",
+        ),
+        ((("mm", "x", 0),), T1 + MM_X + b"I\x01\x00"),
+        ((("mm", "x", 11),), T1 + MM_X + b"I\x01\x0b"),
+        ((("mm", "x", -1),), T1 + MM_X + b"I\x01\xff"),
+        # 128 and -128 have bit_length 8: two bytes (0x0080, 0xff80).
+        ((("mm", "x", 128),), T1 + MM_X + b"I\x02\x80\x00"),
+        ((("mm", "x", -128),), T1 + MM_X + b"I\x02\x80\xff"),
+        # 300 = 0x012c; -300 = 0x10000 - 300 = 0xfed4.
+        ((("mm", "x", 300),), T1 + MM_X + b"I\x02\x2c\x01"),
+        ((("mm", "x", -300),), T1 + MM_X + b"I\x02\xd4\xfe"),
+        # 2**40: bit_length 41, six bytes, the top one 0x01.
+        ((("mm", "x", 2**40),), T1 + MM_X + b"I\x06\x00\x00\x00\x00\x00\x01"),
+        ((("embeds", b"ab"),), T1 + b"T\x02\x00\x00\x00S\x06\x00\x00\x00embedsB\x02\x00\x00\x00ab"),
+        # 300 bytes: the length 0x0000012c.
+        ((b"\x07" * 300,), T1 + b"B\x2c\x01\x00\x00" + b"\x07" * 300),
+        ((None,), T1 + b"N"),
+        ((), b"T\x00\x00\x00\x00"),
+    ],
+    ids=lambda value: repr(value)[:40] if isinstance(value, tuple) else f"{len(value)}B",
+)
+def test_extra_keys_encode_to_these_bytes(keys, encoded):
+    assert encode_extra_keys(keys) == encoded
+
+
+def test_two_byte_offsets_enter_the_sha256_digest_little_endian():
+    request = long_block_request()
+    BlockHasher(512).update(request)
+    h0 = expected_sha256(NONE_HASH_SHA256, list(range(512)), LONG_BLOCK_KEYS[0])
+    h1 = expected_sha256(h0, list(range(512, 1024)), LONG_BLOCK_KEYS[1])
+    assert request.block_hashes == [h0, h1]
 
 
 def test_block_hash_view_uses_the_last_unit_of_each_block():

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 import xxhash
+from extra_key_bytes import LONG_BLOCK_KEYS, long_block_request
 
 import kvcore
 from kvcore import BlockHasher, MultiModalFeature, Request
-from kvcore._hashing import encode_extra_keys
 from kvcore.errors import InvalidConfigError
 from kvcore_plugins.full_attention import FullAttentionSpec
 
@@ -39,12 +39,23 @@ def test_extra_keys_enter_the_digest_as_with_sha256():
     features = [MultiModalFeature(identifier="img", offset=2, length=3)]
     request = Request("r", list(range(8)), lora_name="l", cache_salt="s", mm_features=features)
     BlockHasher(4, "xxh3_128").update(request)
-    h0 = expected(
-        NONE_HASH,
-        [0, 1, 2, 3],
-        encode_extra_keys((("lora", "l"), ("mm", "img", 2), ("salt", "s"))),
-    )
-    h1 = expected(h0, [4, 5, 6, 7], encode_extra_keys((("lora", "l"), ("mm", "img", -2))))
+    # Written out as in test_hashing.py: (("lora", "l"), ("mm", "img", 2),
+    # ("salt", "s")) on block 0; (("lora", "l"), ("mm", "img", -2)) on block 1.
+    lora = b"T\x02\x00\x00\x00S\x04\x00\x00\x00loraS\x01\x00\x00\x00l"
+    mm_img = b"T\x03\x00\x00\x00S\x02\x00\x00\x00mmS\x03\x00\x00\x00img"
+    salt = b"T\x02\x00\x00\x00S\x04\x00\x00\x00saltS\x01\x00\x00\x00s"
+    block0 = b"T\x03\x00\x00\x00" + lora + mm_img + b"I\x01\x02" + salt
+    block1 = b"T\x02\x00\x00\x00" + lora + mm_img + b"I\x01\xfe"
+    h0 = expected(NONE_HASH, [0, 1, 2, 3], block0)
+    h1 = expected(h0, [4, 5, 6, 7], block1)
+    assert request.block_hashes == [h0, h1]
+
+
+def test_two_byte_offsets_enter_the_digest_little_endian():
+    request = long_block_request()
+    BlockHasher(512, "xxh3_128").update(request)
+    h0 = expected(NONE_HASH, list(range(512)), LONG_BLOCK_KEYS[0])
+    h1 = expected(h0, list(range(512, 1024)), LONG_BLOCK_KEYS[1])
     assert request.block_hashes == [h0, h1]
 
 
@@ -56,10 +67,14 @@ def test_incremental_hashing_equals_hashing_at_once():
     hasher.update(grown)
     at_once = Request("b", [1, 2, 3, 4, 5, 6, 7, 8, 9])
     hasher.update(at_once)
-    assert grown.block_hashes == at_once.block_hashes == [
-        expected(NONE_HASH, [1, 2, 3, 4]),
-        expected(expected(NONE_HASH, [1, 2, 3, 4]), [5, 6, 7, 8]),
-    ]
+    assert (
+        grown.block_hashes
+        == at_once.block_hashes
+        == [
+            expected(NONE_HASH, [1, 2, 3, 4]),
+            expected(expected(NONE_HASH, [1, 2, 3, 4]), [5, 6, 7, 8]),
+        ]
+    )
 
 
 def test_hashes_are_identical_in_another_process_whatever_its_hash_seed():

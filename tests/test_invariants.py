@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import kvcore
+from kvcore.errors import InvalidConfigError
 from kvcore.testing import RandomWorkload, admit, check_manager_invariants
 from kvcore_plugins.full_attention import FullAttentionSpec
 
@@ -41,6 +42,47 @@ def test_random_workload_keeps_every_invariant(registry, num_blocks, block_size,
         assert stats.hit_tokens > 0
     else:
         assert stats.hit_tokens == 0
+
+
+def test_the_random_workload_loads_external_tokens_at_admission_only(registry):
+    """As a KV connector's: on a request holding no blocks, past its hit, one token left."""
+    manager = make(registry, 40, 4)
+    calls = []
+    allocate_slots = manager.allocate_slots
+
+    def spy(request, num_new_tokens, num_new_computed_tokens=0, *args, **kwargs):
+        external = kwargs.get("num_external_computed_tokens", 0)
+        holds = manager.get_block_ids(request.request_id) != ([],)
+        calls.append((external, holds, num_new_computed_tokens, num_new_tokens, request.num_tokens))
+        return allocate_slots(request, num_new_tokens, num_new_computed_tokens, *args, **kwargs)
+
+    manager.allocate_slots = spy
+    stats = RandomWorkload(manager, seed=8).run(1500)
+    loads = [call for call in calls if call[0]]
+    assert len(loads) > 20
+    assert stats.external_tokens > 0
+    for external, holds, num_hit, num_new, num_tokens in loads:
+        assert not holds
+        assert num_new >= 1
+        assert num_hit + external + num_new <= num_tokens
+
+
+def test_the_random_workload_is_reproducible_with_external_tokens(registry):
+    def run(seed, **options):
+        manager = make(registry, 40, 4)
+        stats = RandomWorkload(manager, seed=seed, **options).run(1000)
+        return stats, manager.block_pool.free_block_ids()
+
+    assert run(3) == run(3)
+    assert run(3) != run(4)
+    assert run(3)[0].external_tokens > 0
+    assert run(3, external_rate=0)[0].external_tokens == 0
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5])
+def test_the_random_workload_refuses_an_external_rate_outside_0_to_1(registry, rate):
+    with pytest.raises(InvalidConfigError, match="external_rate must be between 0 and 1"):
+        RandomWorkload(make(registry, 10, 4), external_rate=rate)
 
 
 def test_the_invariant_checker_catches_a_leak(registry):

@@ -282,3 +282,40 @@ def test_kv_cache_blocks_helpers():
     assert blocks.get_block_ids(allow_none=True) == ([1, 2], [3])
     assert len(blocks) == 2
     assert blocks == kvcore.KVCacheBlocks(((1, 2), (3,)))
+
+
+def test_three_copies_of_a_prefix_the_oldest_waiting_copy_is_hit_next(make_manager):
+    """Three requests that never read the cache compute the same two blocks.
+
+    Worked by hand (block size 4, 9 blocks and the null block): a, b, c get
+    blocks 1-3, 4-6, 7-9; blocks 1, 4, 7 carry the first block's hash and 2,
+    5, 8 the second's, cached in that order. A reader hits a's copies. Freeing
+    a queues 3, 2, 1 (last first); a 12-token request takes them, evicting 2
+    and 1: b's copies, the oldest waiting ones, are hit next (not c's). Then
+    freeing b queues 6, 5, 4 and an 8-token request takes 6 and 5: the second
+    block's last copy, c's 8, is hit, next to b's 4.
+    """
+    manager = make_manager(num_blocks=10, block_size=4)
+    prompt = [5] * 4 + [6] * 4 + [7]
+    writers = [Request(name, prompt, skip_reading_prefix_cache=True) for name in "abc"]
+    tables = [admit(manager, request)[0].get_block_ids() for request in writers]
+    assert tables == [([1, 2, 3],), ([4, 5, 6],), ([7, 8, 9],)]
+    h0, h1 = writers[0].block_hashes[:2]
+    pool = manager.block_pool
+    assert (pool.cached_blocks(h0, 0), pool.cached_blocks(h1, 0)) == ([1, 4, 7], [2, 5, 8])
+
+    def reader_hit() -> tuple[object, int]:
+        hit, num_hit = manager.get_computed_blocks(Request("reader", prompt))
+        return hit.get_block_ids(), num_hit
+
+    assert reader_hit() == (([1, 2],), 8)
+    manager.free(writers[0])
+    assert pool.free_block_ids() == [3, 2, 1]
+    assert admit(manager, Request("d", [99] * 12))[0].get_block_ids() == ([3, 2, 1],)
+    assert reader_hit() == (([4, 5],), 8)
+    manager.free(writers[1])
+    assert pool.free_block_ids() == [6, 5, 4]
+    assert admit(manager, Request("e", [98] * 8))[0].get_block_ids() == ([6, 5],)
+    assert reader_hit() == (([4, 8],), 8)
+    assert (pool.cached_blocks(h0, 0), pool.cached_blocks(h1, 0)) == ([4, 7], [8])
+    pool.check_invariants()

@@ -1,14 +1,17 @@
 """Every shipped model planned for 80 GiB: groups, block and page sizes, blocks, waste.
 
 Four models are worked out by hand in the docstrings below; the table pins
-the others from the same rules (the reference rule, 16-token blocks, 8192
-batched tokens per step, ``max_model_len`` the model's own, fitted to memory
-when it does not fit).
+the others, and each of its rows is derived again by arithmetic the tests
+evaluate, from the model's shipped config and the same rules (the reference
+grouping rule, 16-token blocks, 8192 batched tokens per step,
+``max_model_len`` the model's own, fitted to memory when it does not fit).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 from planning_helpers import GIB, registry
@@ -160,6 +163,208 @@ TABLE = {
         0,
     ),
 }
+
+
+# -- the table's rows worked out from the shipped configs -------------------------------
+#
+# Each function below reads the model's config json (the file the planner
+# ships, read here with json alone) and derives its row with the reference
+# rules: 16-token blocks (raised for a recurrent state), keys and values per
+# token and layer, the grouping rule of the reference engine, 80 GiB floor-
+# divided by a block of every layer of one group, and max_model_len the
+# model's own when one such request and the null block fit.
+
+MODELS = Path(kvcore.__file__).parent / "_planning" / "models"
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2}
+BLOCK = 16  # tokens per block
+STEP = 8192  # batched tokens per step
+
+
+def model_config(model: str) -> dict[str, Any]:
+    return json.loads((MODELS / f"{model}.json").read_text())
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def group_size(*bucket_sizes: int) -> int:
+    """Layers per group (the reference rule): the largest bucket if under 1.5 x the smallest."""
+    small, large = min(bucket_sizes), max(bucket_sizes)
+    return large if large < 1.5 * small else small
+
+
+def kv_bytes(heads: int, head_size: int, dtype: str) -> int:
+    """Bytes of one token's keys and values in one layer."""
+    return heads * 2 * head_size * DTYPE_BYTES[dtype]
+
+
+def window_blocks(window: int, length: int) -> int:
+    """Blocks a sliding-window layer holds: window - 1 + one step (capped), + 1 partial."""
+    return cdiv(min(window - 1 + STEP, length), BLOCK) + 1
+
+
+def derive_deepseek_v3() -> tuple[object, ...]:
+    """61 MLA layers, a 512 + 64 latent row, bf16: page 16 x 576 x 2 = 18,432.
+
+    Block 61 x 18,432 = 1,124,352 bytes: 76,398 blocks; 163,840 tokens need
+    10,240.
+    """
+    c = model_config("deepseek-v3")
+    # MLA: one latent row per token, kv_lora_rank + the rope part of the key.
+    page = BLOCK * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * DTYPE_BYTES[c["torch_dtype"]]
+    layers = c["num_hidden_layers"]  # the MTP layer has no cache here
+    blocks = MEMORY // (layers * page)
+    length = c["max_position_embeddings"]
+    assert cdiv(length, BLOCK) + 1 <= blocks  # fits: the model's own length
+    return [("mla", layers)], BLOCK, page, blocks, length, 0
+
+
+def derive_gemma_2_9b() -> tuple[object, ...]:
+    """42 layers, half sliding (4,096); 8 KV heads of 256, bf16: page 131,072.
+
+    Buckets 21 and 21: groups of 21, a block of 2,752,512 bytes, 31,207
+    blocks; 8,192 tokens need 512 full and 513 sliding blocks.
+    """
+    c = model_config("gemma-2-9b")
+    page = BLOCK * kv_bytes(c["num_key_value_heads"], c["head_dim"], c["torch_dtype"])
+    half = c["num_hidden_layers"] // 2  # sliding and full layers alternate
+    size = group_size(half, half)
+    blocks = MEMORY // (size * page)
+    length = c["max_position_embeddings"]
+    per_request = cdiv(length, BLOCK) + window_blocks(c["sliding_window"], length)
+    assert per_request + 1 <= blocks
+    return [("sliding_window", half), ("full_attention", half)], BLOCK, page, blocks, length, 0
+
+
+def derive_gpt_oss_120b() -> tuple[object, ...]:
+    """36 layers, 18 sliding (128) and 18 full; 8 KV heads of 64, bf16: page 32,768.
+
+    Groups of 18, a block of 589,824 bytes: 145,635 blocks; 131,072 tokens
+    need 8,192 full and 521 sliding blocks.
+    """
+    c = model_config("gpt-oss-120b")
+    page = BLOCK * kv_bytes(c["num_key_value_heads"], c["head_dim"], c["torch_dtype"])
+    sliding = c["layer_types"].count("sliding_attention")
+    full = c["layer_types"].count("full_attention")
+    size = group_size(sliding, full)
+    blocks = MEMORY // (size * page)
+    length = c["max_position_embeddings"]
+    per_request = cdiv(length, BLOCK) + window_blocks(c["sliding_window"], length)
+    assert per_request + 1 <= blocks
+    groups = [("sliding_window", sliding), ("full_attention", full)]
+    return groups, BLOCK, page, blocks, length, 0
+
+
+def derive_jamba_v0_1() -> tuple[object, ...]:
+    """4 attention layers (every 8th from 4) and 28 Mamba-1 layers; bf16.
+
+    Attention 8 x 2 x 128 x 2 = 4,096 bytes per token; state (3 x 8,192 +
+    8,192 x 16) x 2 = 311,296 bytes, so blocks of 16 x ceil(4.75) = 80
+    tokens, page 327,680, each state padded by 16,384. Groups of 4 (28 >=
+    1.5 x 4): 7 state groups, a block of 1,310,720 bytes, 65,536 blocks.
+    262,144 tokens need 3,277 full blocks and 7 x (ceil(8,192 / 80) + 1) =
+    7 x 104 state blocks; waste 7 x 104 x 4 x 16,384 = 47,710,208 bytes.
+    """
+    c = model_config("jamba-v0.1")
+    layers = range(c["num_hidden_layers"])
+    attention = sum(1 for i in layers if i % c["attn_layer_period"] == c["attn_layer_offset"])
+    mamba = len(layers) - attention
+    dtype = DTYPE_BYTES[c["torch_dtype"]]
+    per_token = kv_bytes(
+        c["num_key_value_heads"], c["hidden_size"] // c["num_attention_heads"], c["torch_dtype"]
+    )
+    # Mamba-1 state: convolution (d_conv - 1, d_inner) and SSM (d_inner, d_state).
+    inner = c["mamba_expand"] * c["hidden_size"]
+    state = ((c["mamba_d_conv"] - 1) * inner + inner * c["mamba_d_state"]) * dtype
+    block = BLOCK * cdiv(state, BLOCK * per_token)  # the attention page holds a state
+    page = block * per_token
+    size = group_size(mamba, attention)
+    blocks = MEMORY // (size * page)
+    length = c["max_position_embeddings"]
+    # A state group holds the blocks one step spans plus the previous state.
+    state_blocks = min(cdiv(STEP, block) + 1, cdiv(length, block))
+    num_state_groups = mamba // size
+    assert cdiv(length, block) + num_state_groups * state_blocks + 1 <= blocks
+    waste = num_state_groups * state_blocks * size * (page - state)
+    groups = [("mamba", size)] * num_state_groups + [("full_attention", attention)]
+    return groups, block, page, blocks, length, waste
+
+
+def derive_llama_4_scout() -> tuple[object, ...]:
+    """48 layers, 12 global and 36 chunked (8,192); 8 KV heads of 128, bf16: page 65,536.
+
+    Groups of 12: 3 chunked groups, a block of 786,432 bytes, 109,226 blocks.
+    10,485,760 tokens would need 655,360 full blocks; the chunked groups hold
+    ceil(16,384 / 16) = 1,024 each, leaving 109,226 - 1 - 3,072 = 106,153
+    full blocks: 1,698,448 tokens.
+    """
+    c = model_config("llama-4-scout")
+    t = c["text_config"]
+    full = t["num_hidden_layers"] // 4  # every 4th layer is global, the rest chunked
+    chunked = t["num_hidden_layers"] - full
+    page = BLOCK * kv_bytes(t["num_key_value_heads"], t["head_dim"], c["torch_dtype"])
+    size = group_size(chunked, full)
+    blocks = MEMORY // (size * page)
+    # A chunked group holds one chunk plus one step; the full group the rest.
+    chunk_blocks = cdiv(t["attention_chunk_size"] + STEP, BLOCK)
+    num_chunked_groups = chunked // size
+    left = blocks - 1 - num_chunked_groups * chunk_blocks
+    assert cdiv(t["max_position_embeddings"], BLOCK) > left  # 10M tokens do not fit
+    groups = [("chunked_local", size)] * num_chunked_groups + [("full_attention", full)]
+    return groups, BLOCK, page, blocks, left * BLOCK, 0
+
+
+def derive_mistral_7b() -> tuple[object, ...]:
+    """32 sliding layers (4,096); 8 KV heads of 4,096 / 32 = 128, bf16: page 65,536.
+
+    One group, a block of 2,097,152 bytes: 40,960 blocks; 32,768 tokens need
+    ceil(12,287 / 16) + 1 = 769.
+    """
+    c = model_config("mistral-7b")
+    head_size = c["hidden_size"] // c["num_attention_heads"]
+    page = BLOCK * kv_bytes(c["num_key_value_heads"], head_size, c["torch_dtype"])
+    layers = c["num_hidden_layers"]
+    blocks = MEMORY // (layers * page)
+    length = c["max_position_embeddings"]
+    assert window_blocks(c["sliding_window"], length) + 1 <= blocks
+    return [("sliding_window", layers)], BLOCK, page, blocks, length, 0
+
+
+def derive_whisper_large_v3() -> tuple[object, ...]:
+    """32 decoder layers, self- and cross-attention; 20 heads of 64, fp16: page 81,920.
+
+    Groups of 32, a block of 2,621,440 bytes: 32,768 blocks; 448 tokens need
+    28 blocks and 1,500 encoder positions 94.
+    """
+    c = model_config("whisper-large-v3")
+    # Decoder layers only: each has self-attention and cross-attention caches.
+    heads = c["decoder_attention_heads"]
+    page = BLOCK * kv_bytes(heads, c["d_model"] // heads, c["torch_dtype"])
+    layers = c["decoder_layers"]
+    size = group_size(layers, layers)
+    blocks = MEMORY // (size * page)
+    length = c["max_target_positions"]
+    encoder_blocks = cdiv(c["max_source_positions"], BLOCK)
+    assert cdiv(length, BLOCK) + encoder_blocks + 1 <= blocks
+    groups = [("full_attention", layers), ("cross_attention", layers)]
+    return groups, BLOCK, page, blocks, length, 0
+
+
+DERIVATIONS = {
+    "deepseek-v3": derive_deepseek_v3,
+    "gemma-2-9b": derive_gemma_2_9b,
+    "gpt-oss-120b": derive_gpt_oss_120b,
+    "jamba-v0.1": derive_jamba_v0_1,
+    "llama-4-scout": derive_llama_4_scout,
+    "mistral-7b": derive_mistral_7b,
+    "whisper-large-v3": derive_whisper_large_v3,
+}
+
+
+@pytest.mark.parametrize("model", sorted(TABLE))
+def test_table_row_follows_from_the_shipped_config(model):
+    assert DERIVATIONS[model]() == TABLE[model]
 
 
 @pytest.mark.parametrize("model", sorted(TABLE))

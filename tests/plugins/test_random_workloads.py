@@ -1,11 +1,12 @@
 """Randomized engine traffic over every attention type, invariants checked after every op.
 
-:class:`kvcore.testing.RandomWorkload` admits (with cache lookups and chunked
-prefill), decodes with lookahead slots, preempts, finishes and resets, and
-after every operation checks the pool and manager invariants, that each
-allocation took exactly the blocks it predicted, that a refused allocation
-changed nothing and that hits are aligned and shorter than the prompt. Each
-run must also have exercised hits (with caching), refusals and preemptions.
+:class:`kvcore.testing.RandomWorkload` admits (with cache lookups, tokens a KV
+connector loads and chunked prefill), decodes with lookahead slots, preempts,
+finishes and resets, and after every operation checks the pool and manager
+invariants, that each allocation took exactly the blocks it predicted, that a
+refused allocation changed nothing and that hits are aligned and shorter than
+the prompt. Each run must also have exercised hits (with caching), external
+tokens, refusals and preemptions.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def test_random_workload_keeps_every_invariant(specs, blocks_per_group, options,
     assert stats.finished > 10
     assert stats.refused_admissions + stats.refused_decodes > 5
     assert stats.preemptions > 5
+    assert stats.external_tokens > 0
     if options.get("enable_caching", True):
         assert stats.hit_tokens > 0
     else:

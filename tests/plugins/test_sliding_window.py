@@ -29,10 +29,14 @@ def plain_scan(hashes, max_length, group_ids, pool, spec, use_eagle, alignment):
     With EAGLE the run's right edge is checked for alignment after the drop
     (the seed asserts block size == alignment under EAGLE; this is the
     generalisation kvcore implements, identical whenever the seed applies).
+    The run it looks for is the seed's: the blocks holding the window's
+    ``sliding_window - 1`` earlier tokens, ``cdiv(sliding_window - 1,
+    block_size)``, one more with EAGLE (its last block is dropped). A run of 0
+    (window 1) still ends at a cached block, as a run of 1 does.
     Returns the per-group lists and the number of cache probes.
     """
     bs = spec.block_size
-    needed = max(contiguous_blocks_needed(spec, use_eagle), 1)
+    needed = -(-(spec.sliding_window - 1) // bs) + (1 if use_eagle else 0)
     max_blocks = max_length // bs
     out = [[NULL] * max_blocks for _ in group_ids]
     count = 0
@@ -100,13 +104,29 @@ def test_skipped_tokens_are_those_before_the_next_tokens_window():
     assert [manager.get_num_skipped_tokens(n) for n in (0, 3, 4, 7, 11)] == [0, 0, 1, 4, 8]
 
 
-def test_contiguous_blocks_needed():
-    """cdiv(window - 1, block size), + 1 with EAGLE."""
-    assert contiguous_blocks_needed(sw(4, block_size=2), False) == 2
-    assert contiguous_blocks_needed(sw(4, block_size=2), True) == 3
-    assert contiguous_blocks_needed(sw(33, block_size=16), False) == 2
-    assert contiguous_blocks_needed(sw(32, block_size=16), False) == 2
-    assert contiguous_blocks_needed(sw(1, block_size=16), False) == 0
+@pytest.mark.parametrize(
+    ("window", "block_size", "use_eagle", "needed"),
+    [
+        # The window - 1 tokens before the current one, in blocks, rounded up.
+        (4, 2, False, 2),  # 3 tokens: 2 blocks
+        (4, 2, True, 3),  # and one more for EAGLE to drop
+        (33, 16, False, 2),  # 32 tokens: exactly 2 blocks
+        (32, 16, False, 2),  # 31 tokens
+        (17, 16, False, 1),  # 16 tokens: exactly 1 block
+        (18, 16, False, 2),  # 17 tokens
+        (5, 4, False, 1),  # 4 tokens: exactly 1 block
+        (6, 4, False, 2),  # 5 tokens
+        (24, 4, False, 6),  # 23 tokens
+        (24, 4, True, 7),
+        (2, 1, False, 1),  # block size 1: window - 1 blocks
+        (1000, 1, False, 999),
+        (1, 16, False, 0),  # a window of one token needs no earlier token
+        (1, 16, True, 1),
+    ],
+)
+def test_contiguous_blocks_needed(window, block_size, use_eagle, needed):
+    spec = sw(window, block_size=block_size)
+    assert contiguous_blocks_needed(spec, use_eagle) == needed
 
 
 # -- hit patterns (notes §9.5 #40) -----------------------------------------------------------
@@ -222,7 +242,7 @@ def test_jump_search_probes_about_n_over_k_plus_k_with_few_hits(
     n = num_tokens // block_size
     pattern = [rng.random() < 0.02 for _ in range(n)]
     spec = sw(window, block_size)
-    k = contiguous_blocks_needed(spec, use_eagle)
+    k = -(-(window - 1) // block_size) + use_eagle  # 8 or 4 blocks (+ 1 with EAGLE)
     pool, hashes, _ = cached_pattern(pattern, block_size)
     expected, plain_probes = plain_scan(hashes, num_tokens, [0], pool, spec, use_eagle, block_size)
     got, jump_probes = jump(hashes, num_tokens, [0], pool, spec, use_eagle, block_size)
