@@ -13,13 +13,15 @@ import math
 import hypothesis.strategies as st
 import pytest
 import torch
+from exechelpers import run_engine, tiny_plan
 from hypothesis import given, settings
 
 import kvcore
-from kvcore.executor import reference_kernels
+from kvcore.executor import reference_kernels, tiny_model_path
 from kvcore.reference import CacheLayer, StepInput, attend
 from kvcore_plugins.nvfp4_attention import NVFP4AttentionSpec
 from kvcore_plugins.nvfp4_attention.codec import decode, encode, quantize
+from kvcore_plugins.nvfp4_attention.kernel import NVFP4AttentionKernel
 
 F64 = torch.float64
 
@@ -189,8 +191,6 @@ def test_the_tiny_model_plans_nvfp4_beside_bf16_sliding_windows(layout):
     At 4-token blocks the NVFP4 page is 144 bytes, padded to the bf16 page of
     512 in the layer-outer layout (512 / 144 is not whole).
     """
-    from kvcore.executor import tiny_model_path
-
     plan = kvcore.plan(tiny_model_path("tiny-nvfp4"), block_size=4, memory="1MiB", layout=layout)
     groups = plan.kv_cache_config.kv_cache_groups
     assert [g.kv_cache_spec.kind for g in groups] == ["sliding_window", "nvfp4_attention"]
@@ -198,3 +198,13 @@ def test_the_tiny_model_plans_nvfp4_beside_bf16_sliding_windows(layout):
     assert (sliding.dtype, sliding.page_size_bytes) == ("bfloat16", 512)
     assert nvfp4.real_page_size_bytes == 144
     assert nvfp4.page_size_bytes == (512 if layout == "layer_outer" else 144)
+
+
+def test_the_executor_catches_a_dense_path_that_does_not_quantize(monkeypatch):
+    """The check has teeth: the oracle computing with unquantized rows disagrees."""
+    plan = tiny_plan("tiny-nvfp4", pressure=1.2)
+    _, _, exact = run_engine(plan, num_requests=4)
+    assert exact.ok
+    monkeypatch.setattr(NVFP4AttentionKernel, "stored", lambda self, spec, rows: rows)
+    _, _, broken = run_engine(plan, num_requests=4)
+    assert broken.num_mismatches > 0
