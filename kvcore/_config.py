@@ -8,7 +8,7 @@ from typing import Any, Literal
 import attrs
 
 from kvcore.errors import InvalidConfigError
-from kvcore.specs import KVCacheSpec
+from kvcore.specs import KVCacheSpec, KVFormat
 
 __all__ = ["KVCacheConfig", "KVCacheGroupSpec", "KVCacheLayout", "KVCacheTensor"]
 
@@ -226,10 +226,17 @@ class KVCacheConfig:
         }
 
 
+def _field_value(value: Any) -> Any:
+    """A spec field as JSON holds it: tuples as lists, nested specs and KV formats as objects."""
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, KVCacheSpec):
+        return _spec_dict(value)
+    if isinstance(value, KVFormat):
+        return attrs.asdict(value)
+    return value
+
+
 def _spec_dict(spec: KVCacheSpec) -> dict[str, Any]:
-    fields = attrs.asdict(spec, recurse=False)
-    fields = {
-        k: list(v) if isinstance(v, tuple) else _spec_dict(v) if isinstance(v, KVCacheSpec) else v
-        for k, v in fields.items()
-    }
+    fields = {k: _field_value(v) for k, v in attrs.asdict(spec, recurse=False).items()}
     return {"class": type(spec).__qualname__, "page_size_bytes": spec.page_size_bytes, **fields}

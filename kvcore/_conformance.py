@@ -152,6 +152,7 @@ class _Checker:
                 raise self.fail("page", "the spec does not survive pickling unchanged")
         else:
             self.skipped.append(("page[pickle]", "the spec class is not importable by its name"))
+        self._format_page()
         end = max(part.end for part in spec.page_parts())
         if end != spec.real_page_size_bytes or spec.page_size_bytes < end:
             raise self.fail(
@@ -185,6 +186,25 @@ class _Checker:
                     "max_model_len grows",
                 )
             previous = bound
+
+    def _format_page(self) -> None:
+        """A spec whose dtype is a KV format has exactly the format's page parts."""
+        spec = self.spec
+        if not isinstance(spec, AttentionSpec) or spec.kv_format is None:
+            return
+        expected = spec.kv_format.page_parts(
+            block_size=spec.block_size,
+            num_kv_heads=spec.num_kv_heads,
+            head_size=spec.head_size,
+            head_size_v=spec.head_size_v,
+        )
+        if spec.page_parts() != expected:
+            raise self.fail(
+                "page",
+                f"its dtype is the KV format {spec.kv_format.name!r}, but page_parts() gives "
+                f"{spec.page_parts()!r}, not the format's {expected!r}; a format describes the "
+                "page: derive the parts from KVFormat.page_parts",
+            )
 
     def _variants(self) -> list[KVCacheSpec]:
         """Specs of the type differing from the spec in one integer field."""
@@ -559,9 +579,10 @@ def check_plugin(
         decreases and never covers a token the next query reads.
     ``page``
         The page: a value object (equal copies hash alike, survive pickling),
-        parts inside the page, ``grown_to_page`` keeping or reaching the page
-        asked for, a positive memory bound that is a whole number of pages and
-        grows with ``max_model_len``.
+        exactly the parts of its :class:`~kvcore.specs.KVFormat` when its
+        ``dtype`` is one, parts inside the page, ``grown_to_page`` keeping or
+        reaching the page asked for, a positive memory bound that is a whole
+        number of pages and grows with ``max_model_len``.
     ``grouping_key``
         Two specs of the type with equal
         :attr:`~kvcore.specs.KVCacheSpec.uniform_type_key` read the same tokens

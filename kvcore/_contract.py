@@ -18,7 +18,7 @@ from typing import Any, get_args
 
 from kvcore.errors import HookImplementationError
 from kvcore.managers import SingleTypeManager
-from kvcore.specs import KIND_PATTERN, FallbackRole, KVCacheSpec
+from kvcore.specs import KIND_PATTERN, AttentionSpec, FallbackRole, KVCacheSpec, KVFormat
 
 __all__ = ["check_manager_class", "check_spec_class", "qualname"]
 
@@ -123,6 +123,28 @@ def check_spec_class(plugin: str, cls: type[KVCacheSpec]) -> None:
             f"has full_allocation_fallback = {cls.full_allocation_fallback!r}; use one of "
             f"{', '.join(sorted(_FALLBACK_ROLES))}",
         )
+    _check_kv_formats(plugin, cls)
+
+
+def _check_kv_formats(plugin: str, cls: type[KVCacheSpec]) -> None:
+    """``kv_formats``: a tuple of distinct-named formats, on an attention spec only."""
+    formats = getattr(cls, "kv_formats", ())
+    if not isinstance(formats, tuple) or not all(isinstance(f, KVFormat) for f in formats):
+        raise _fail(
+            plugin,
+            cls,
+            f"declares kv_formats = {formats!r}; it must be a tuple of kvcore.specs.KVFormat",
+        )
+    if formats and not issubclass(cls, AttentionSpec):
+        raise _fail(
+            plugin,
+            cls,
+            "declares kv_formats but is not an AttentionSpec; a KV format describes the page "
+            "of a layer storing keys and values per token",
+        )
+    names = [kv_format.name for kv_format in formats]
+    if len(set(names)) != len(names):
+        raise _fail(plugin, cls, f"declares two KV formats of one name in kv_formats: {names}")
 
 
 def _hit_search_parameters(method: Callable[..., Any]) -> list[str]:

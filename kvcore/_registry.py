@@ -24,6 +24,7 @@ from kvcore._hook_collection import (
     PluginPolicyFactory,
     collected_hook,
 )
+from kvcore._kv_formats import DeclaredFormat, collect_kv_formats, resolve_cache_dtype
 from kvcore._planning.layer_config import LayerKind, PlanOption
 from kvcore._plugin_calls import call_plugin, how_to_disable
 from kvcore.errors import (
@@ -33,7 +34,7 @@ from kvcore.errors import (
     UnknownSpecError,
 )
 from kvcore.managers import SingleTypeManager, SpecT
-from kvcore.specs import KVCacheSpec
+from kvcore.specs import KVCacheSpec, KVFormat
 
 __all__ = ["Claim", "HookCall", "LayerType", "PluginInfo", "Registry", "registry_from_layer_types"]
 
@@ -214,6 +215,7 @@ class Registry:
     _by_spec: Mapping[type[KVCacheSpec], tuple[LayerType[Any], PluginInfo]] = attrs.field(
         init=False, repr=False
     )
+    _formats: Mapping[str, DeclaredFormat] = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         index = _index(self.plugins)
@@ -234,6 +236,8 @@ class Registry:
             kinds[kind] = (layer_type.spec, plugin)
             by_spec[layer_type.spec] = (layer_type, plugin)
         object.__setattr__(self, "_by_spec", MappingProxyType(by_spec))
+        formats = collect_kv_formats((spec, plugin.name) for spec, (_, plugin) in by_spec.items())
+        object.__setattr__(self, "_formats", MappingProxyType(formats))
         object.__setattr__(
             self, "_claims", MappingProxyType({k: MappingProxyType(v) for k, v in index.items()})
         )
@@ -362,6 +366,44 @@ class Registry:
             "provides it, or register its LayerType from a kvcore_layer_types hook. "
             f"Loaded layer types: {loaded}"
         )
+
+    # -- KV formats ---------------------------------------------------------------------
+
+    @property
+    def kv_formats(self) -> Mapping[str, KVFormat]:
+        """Name → KV format, for every format a registered spec class declares.
+
+        The names planning accepts as a KV cache dtype besides the plain
+        dtypes (:meth:`cache_dtype`).
+        """
+        return MappingProxyType({name: d.kv_format for name, d in self._formats.items()})
+
+    def spec_classes_storing(self, kv_format: KVFormat | str) -> tuple[type[KVCacheSpec], ...]:
+        """The registered spec classes that declare ``kv_format`` (a format or its name)."""
+        name = kv_format if isinstance(kv_format, str) else kv_format.name
+        declared = self._formats.get(name)
+        if declared is None or (
+            isinstance(kv_format, KVFormat) and declared.kv_format != kv_format
+        ):
+            return ()
+        return tuple(cls for cls, _ in declared.owners)
+
+    def cache_dtype(self, value: object) -> str | KVFormat:
+        """What ``value`` names as the KV cache dtype: a plain dtype or a declared KV format.
+
+        Args:
+            value: A plain dtype (``"bfloat16"``, ``"fp8"``, a ``torch.dtype``),
+                the name of a format a selected plugin declares (``"nvfp4"``),
+                or a :class:`~kvcore.specs.KVFormat`.
+
+        Returns:
+            The plain dtype's canonical name, or the format.
+
+        Raises:
+            InvalidConfigError: neither; the message lists the plain dtypes
+                and every declared format with the classes storing it.
+        """
+        return resolve_cache_dtype(value, self._formats)
 
     # -- eviction policies ------------------------------------------------------------
 

@@ -64,7 +64,8 @@ def kvcore_layer_types() -> Sequence[LayerType[Any]]:  # type: ignore[empty-body
 
     Called once per plugin when a registry is built; every plugin's result is
     used. Each spec class may be claimed by one plugin only: a second claim
-    raises :class:`~kvcore.errors.PluginConflictError` naming both plugins.
+    raises :class:`~kvcore.errors.PluginConflictError` naming both plugins,
+    as do two plugins declaring different KV formats under one name.
     The registry looks spec classes up exactly, so a spec subclass needs its
     own :class:`~kvcore.LayerType`.
 
@@ -72,7 +73,8 @@ def kvcore_layer_types() -> Sequence[LayerType[Any]]:  # type: ignore[empty-body
     contract when the registry is built (a ``kind`` of its own, the page
     described by ``page_parts``, a ``find_longest_cache_hit(cls, query)``
     classmethod, ``frees_skipped_blocks`` declared when blocks are freed
-    early, ...): a class breaking it raises
+    early, the quantized formats a spec class stores in ``kv_formats`` as a
+    tuple of :class:`~kvcore.specs.KVFormat`, ...): a class breaking it raises
     :class:`~kvcore.errors.HookImplementationError` naming the class and the
     missing piece. :func:`kvcore.testing.check_plugin` checks the behaviour.
 

@@ -374,7 +374,10 @@ class TokenRowKernel(ReferenceKernel):
     in the row (``head_size`` then ``head_size_v`` columns), every earlier
     position visible. Types override :meth:`first_visible` (windows,
     chunks), :meth:`extra_rows` (sinks), or the row and its reading (latent
-    vectors, hidden states).
+    vectors, hidden states). A type whose cache holds the rows in a
+    quantized format (:class:`~kvcore.specs.KVFormat`) overrides how rows
+    are stored and loaded: :meth:`store_rows`, :meth:`load_rows` and, for
+    the dense path, :meth:`stored`.
     """
 
     def first_visible(self, spec: KVCacheSpec, position: int) -> int:
@@ -416,6 +419,34 @@ class TokenRowKernel(ReferenceKernel):
         output = attend(query, rows[..., :key], rows[..., key:])
         return project(output.reshape(-1), params["wo"])
 
+    def store_rows(
+        self, spec: KVCacheSpec, layer: CacheLayer, step: StepInput, rows: torch.Tensor
+    ) -> None:
+        """Store the rows of the step's positions (``rows[j]`` at ``step.start + j``).
+
+        Default: the rows in the page's one part, rounded to its dtype.
+        """
+        layer.write(step.block_table, step.start, rows, who=step.who)
+
+    def load_rows(
+        self, spec: KVCacheSpec, layer: CacheLayer, step: StepInput, start: int, stop: int
+    ) -> torch.Tensor:
+        """The stored rows of positions ``[start, stop)``, as float64.
+
+        Returns ``(stop - start, heads, width)``. Default: read back from the
+        page's one part.
+        """
+        return layer.read(step.block_table, start, stop, who=step.who)
+
+    def stored(self, spec: KVCacheSpec, rows: torch.Tensor) -> torch.Tensor:
+        """What the cache gives back for ``rows``, computed without a cache (the dense path).
+
+        Must equal, bit for bit, what :meth:`load_rows` returns after
+        :meth:`store_rows` stored ``rows``. Default: ``rows`` rounded to the
+        page's dtype (:func:`round_to`).
+        """
+        return round_to(rows, _dtype(spec))
+
     def extra_rows(
         self, spec: KVCacheSpec, params: Params, layer: CacheLayer, step: StepInput
     ) -> torch.Tensor | None:
@@ -429,7 +460,7 @@ class TokenRowKernel(ReferenceKernel):
     def begin(self, spec: KVCacheSpec, params: Params, layer: CacheLayer, step: StepInput) -> None:
         """Store the new positions' rows."""
         rows = torch.stack([self.token_row(spec, params, x) for x in step.x])
-        layer.write(step.block_table, step.start, rows, who=step.who)
+        self.store_rows(spec, layer, step, rows)
 
     def finish(
         self, spec: KVCacheSpec, params: Params, layer: CacheLayer, step: StepInput, carry: Any
@@ -437,7 +468,7 @@ class TokenRowKernel(ReferenceKernel):
         """Gather the visible rows once, then compute position by position."""
         start = step.start
         low = self.first_visible(spec, start)
-        gathered = layer.read(step.block_table, low, start + step.num_tokens, who=step.who)
+        gathered = self.load_rows(spec, layer, step, low, start + step.num_tokens)
         extra = self.extra_rows(spec, params, layer, step)
         outputs = []
         for offset, x in enumerate(step.x):
@@ -457,9 +488,7 @@ class TokenRowKernel(ReferenceKernel):
         encoder_states: torch.Tensor | None,
     ) -> torch.Tensor:
         """Every position's output from a contiguous tensor of all rows."""
-        all_rows = round_to(
-            torch.stack([self.token_row(spec, params, xt) for xt in x]), _dtype(spec)
-        )
+        all_rows = self.stored(spec, torch.stack([self.token_row(spec, params, xt) for xt in x]))
         extra = self.dense_extra_rows(spec, params)
         outputs = []
         for position, xt in enumerate(x):

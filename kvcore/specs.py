@@ -32,6 +32,7 @@ __all__ = [
     "dtype_size",
     "TokenLimits",
     "PagePart",
+    "KVFormat",
     "FallbackRole",
     "ALL_TOKENS_KEY",
     "KIND_PATTERN",
@@ -128,11 +129,32 @@ def optional_positive_int(instance: object, attribute: attrs.Attribute[Any], val
         positive_int(instance, attribute, value)
 
 
-def _convert_dtype(value: object, instance: object, field: attrs.Attribute[Any]) -> str:
+def _convert_cache_dtype(
+    value: object, instance: object, field: attrs.Attribute[Any]
+) -> str | KVFormat:
+    """A plain dtype's canonical name, or a :class:`KVFormat` the spec's class declares."""
+    cls = type(instance)
+    declared: tuple[KVFormat, ...] = getattr(cls, "kv_formats", ())
+    by_name = {kv_format.name: kv_format for kv_format in declared}
+    if isinstance(value, KVFormat):
+        if by_name.get(value.name) == value:
+            return value
+        stored = ", ".join(sorted(by_name)) or "none"
+        msg = (
+            f"{cls.__name__}.{field.name}: {cls.__name__} does not store the KV format "
+            f"{value.name!r} (the formats it declares in kv_formats: {stored}); use a layer "
+            "type that declares it, or a plain dtype"
+        )
+        raise InvalidSpecError(msg)
+    if isinstance(value, str) and value in by_name:
+        return by_name[value]
     try:
         return dtype_name(value)
     except ValueError as exc:
-        msg = f"{type(instance).__name__}.{field.name}: {exc}"
+        formats = (
+            f"; KV formats {cls.__name__} stores: {', '.join(sorted(by_name))}" if by_name else ""
+        )
+        msg = f"{cls.__name__}.{field.name}: {exc}{formats}"
         raise InvalidSpecError(msg) from None
 
 
@@ -210,6 +232,164 @@ class PagePart:
         for dim in self.shape:
             count *= dim
         return count * DTYPE_SIZES[self.dtype]
+
+
+def _check_format_name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not KIND_PATTERN.fullmatch(value):
+        msg = (
+            f"KVFormat.name must be lowercase words joined by underscores (e.g. 'nvfp4'), "
+            f"got {value!r}"
+        )
+        raise InvalidSpecError(msg)
+    if value in DTYPE_SIZES or value in _DTYPE_ALIASES:
+        msg = (
+            f"KVFormat.name {value!r} is the name of a plain dtype; a KV format needs a "
+            "name of its own (plain dtypes need no format)"
+        )
+        raise InvalidSpecError(msg)
+
+
+def _convert_format_dtype(value: object) -> str:
+    try:
+        return dtype_name(value)
+    except ValueError as exc:
+        msg = f"KVFormat: {exc}"
+        raise InvalidSpecError(msg) from None
+
+
+def _convert_optional_format_dtype(value: object) -> str | None:
+    return None if value is None else _convert_format_dtype(value)
+
+
+@attrs.frozen(kw_only=True)
+class KVFormat:
+    """A quantized layout of an attention page: packed values plus the scales that decode them.
+
+    A spec whose ``dtype`` is a format (:attr:`AttentionSpec.kv_formats`)
+    has a page of two parts, derived here: ``"kv"``, the values of every
+    key and value vector, packed ``values_per_element`` to an element of
+    ``element_dtype``, shape ``(block_size, num_kv_heads, (head_size +
+    head_size_v) / values_per_element)``; then ``"kv_scale"``, the scales,
+    ``(block_size, num_kv_heads, scales per key + scales per value)`` of
+    ``scale_dtype``. Keys and values sit side by side in each row, as in a
+    plain page, and each scale covers ``values_per_scale`` consecutive
+    values of one key or one value vector. A scale kept outside the page
+    (fp8 with one scale per tensor, the second-level scale of NVFP4) does
+    not change the page and is not described here.
+
+    Formats are values: two equal formats are the same format. A spec class
+    declares the formats its page and its kernel handle; a registry refuses
+    two different formats under one name.
+
+    Attributes:
+        name: What users call it (``"nvfp4"``): lowercase words joined by
+            underscores, never the name of a plain dtype.
+        element_dtype: Element type of the ``"kv"`` part (``"uint8"`` for
+            packed 4-bit values, ``"float8_e4m3fn"``, ``"int8"``).
+        value_bits: Bits of one value; divides the element's bits (4 in a
+            ``uint8``: two values per element, the first in the low bits).
+        scale_dtype: Element type of the ``"kv_scale"`` part; ``None``: the
+            page holds no scales.
+        values_per_scale: Consecutive values of a key or a value vector
+            sharing one scale; ``None``: one scale per vector (per token and
+            head). Must be ``None`` without ``scale_dtype``.
+        description: One line for ``kvcore plugins`` and messages.
+    """
+
+    name: str = attrs.field(validator=_check_format_name)
+    element_dtype: str = attrs.field(converter=_convert_format_dtype)
+    value_bits: int = attrs.field(validator=positive_int)
+    scale_dtype: str | None = attrs.field(default=None, converter=_convert_optional_format_dtype)
+    values_per_scale: int | None = attrs.field(default=None, validator=optional_positive_int)
+    description: str = attrs.field(default="", eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        element_bits = 8 * DTYPE_SIZES[self.element_dtype]
+        if element_bits % self.value_bits:
+            msg = (
+                f"KVFormat {self.name!r}: {self.value_bits}-bit values do not pack into "
+                f"{self.element_dtype} ({element_bits} bits); pick value_bits dividing "
+                f"{element_bits}"
+            )
+            raise InvalidSpecError(msg)
+        if self.scale_dtype is None and self.values_per_scale is not None:
+            msg = (
+                f"KVFormat {self.name!r}: values_per_scale is {self.values_per_scale} but the "
+                "page holds no scales (scale_dtype None); give scale_dtype or drop it"
+            )
+            raise InvalidSpecError(msg)
+
+    @property
+    def values_per_element(self) -> int:
+        """Values packed into one element of ``element_dtype``."""
+        return 8 * DTYPE_SIZES[self.element_dtype] // self.value_bits
+
+    def scales_per_vector(self, width: int) -> int:
+        """Scales one key or value vector of ``width`` values keeps in the page."""
+        if self.scale_dtype is None or width == 0:
+            return 0
+        return 1 if self.values_per_scale is None else width // self.values_per_scale
+
+    def _check_width(self, what: str, width: int) -> None:
+        for unit, reason in (
+            (self.values_per_element, f"{self.values_per_element} values pack into an element"),
+            (self.values_per_scale or 1, f"{self.values_per_scale} values share a scale"),
+        ):
+            if width % unit:
+                msg = (
+                    f"KV format {self.name!r}: {what} {width} is not a multiple of {unit} "
+                    f"({reason}); use a {what} that is"
+                )
+                raise InvalidSpecError(msg)
+
+    def page_parts(
+        self, *, block_size: int, num_kv_heads: int, head_size: int, head_size_v: int
+    ) -> tuple[PagePart, ...]:
+        """The ``"kv"`` part and, when the format keeps scales, the ``"kv_scale"`` part after it.
+
+        Raises:
+            InvalidSpecError: ``head_size`` or ``head_size_v`` is not a
+                multiple of the values packed into an element or sharing a
+                scale, or the scales would start at a byte that is not a
+                multiple of their element size.
+        """
+        self._check_width("head_size", head_size)
+        self._check_width("head_size_v", head_size_v)
+        width = (head_size + head_size_v) // self.values_per_element
+        data = PagePart(
+            name="kv",
+            offset=0,
+            shape=(block_size, num_kv_heads, width),
+            dtype=self.element_dtype,
+        )
+        scales = self.scales_per_vector(head_size) + self.scales_per_vector(head_size_v)
+        if self.scale_dtype is None or scales == 0:
+            return (data,)
+        if data.nbytes % DTYPE_SIZES[self.scale_dtype]:
+            msg = (
+                f"KV format {self.name!r}: the scales would start at byte {data.nbytes}, not a "
+                f"multiple of their {DTYPE_SIZES[self.scale_dtype]}-byte {self.scale_dtype} "
+                "elements; use a block size or head count that makes the values' bytes one"
+            )
+            raise InvalidSpecError(msg)
+        scale = PagePart(
+            name="kv_scale",
+            offset=data.nbytes,
+            shape=(block_size, num_kv_heads, scales),
+            dtype=self.scale_dtype,
+        )
+        return (data, scale)
+
+    def bytes_per_token(self, *, num_kv_heads: int, head_size: int, head_size_v: int) -> int:
+        """Bytes one token of one layer takes: its packed values and its scales."""
+        self._check_width("head_size", head_size)
+        self._check_width("head_size_v", head_size_v)
+        values = (head_size + head_size_v) // self.values_per_element
+        per_head = values * DTYPE_SIZES[self.element_dtype]
+        if self.scale_dtype is not None:
+            scales = self.scales_per_vector(head_size) + self.scales_per_vector(head_size_v)
+            per_head += scales * DTYPE_SIZES[self.scale_dtype]
+        return num_kv_heads * per_head
 
 
 #: How a spec takes part in the allocation-only fallback of planning, tried
@@ -511,8 +691,10 @@ class AttentionSpec(KVCacheSpec):
         head_size: Width of a key vector, in elements (> 0).
         head_size_v: Width of a value vector, in elements (>= 0); defaults to
             ``head_size``. 0 for layers with no separate value (MLA).
-        dtype: Element type, as a name (``"bfloat16"``) or a ``torch.dtype``;
-            stored as its canonical name.
+        dtype: Element type, as a name (``"bfloat16"``) or a ``torch.dtype``,
+            stored as its canonical name; or a :class:`KVFormat` (or its
+            name) among the class's :attr:`kv_formats`, stored as the format:
+            the page then holds packed values and their scales.
     """
 
     page_only_fields: ClassVar[frozenset[str]] = KVCacheSpec.page_only_fields | {
@@ -528,10 +710,16 @@ class AttentionSpec(KVCacheSpec):
         default=attrs.Factory(lambda self: self.head_size, takes_self=True),
         validator=non_negative_int,
     )
-    dtype: str = attrs.field(
-        # mypy's attrs plugin does not read attrs.Converter (it converts to str).
-        converter=attrs.Converter(_convert_dtype, takes_self=True, takes_field=True)  # type: ignore[misc]
+    dtype: str | KVFormat = attrs.field(
+        # mypy's attrs plugin does not read attrs.Converter (it converts to str | KVFormat).
+        converter=attrs.Converter(_convert_cache_dtype, takes_self=True, takes_field=True)  # type: ignore[misc]
     )
+
+    #: The quantized formats this class stores (its page parts and its
+    #: reference kernel handle them); a ``dtype`` naming another format is
+    #: refused when the spec is made. Checked when a registry is built: no
+    #: two different formats of one name in one registry.
+    kv_formats: ClassVar[tuple[KVFormat, ...]] = ()
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -542,6 +730,11 @@ class AttentionSpec(KVCacheSpec):
                 "attention page must grow by the same bytes per token (page_parts)"
             )
             raise InvalidSpecError(msg)
+
+    @property
+    def kv_format(self) -> KVFormat | None:
+        """The quantized format of the page, or ``None`` for a plain ``dtype``."""
+        return self.dtype if isinstance(self.dtype, KVFormat) else None
 
     @property
     def bytes_per_token(self) -> int:
@@ -588,7 +781,16 @@ class AttentionSpec(KVCacheSpec):
 
         Keys and values sit side by side in the last axis: the key of token
         ``t``, head ``h`` is ``[t, h, :head_size]``, its value
-        ``[t, h, head_size:]``.
+        ``[t, h, head_size:]``. With a :class:`KVFormat` as ``dtype``, the
+        format's packed ``"kv"`` part and its ``"kv_scale"`` part
+        (:meth:`KVFormat.page_parts`).
         """
+        if isinstance(self.dtype, KVFormat):
+            return self.dtype.page_parts(
+                block_size=self.block_size,
+                num_kv_heads=self.num_kv_heads,
+                head_size=self.head_size,
+                head_size_v=self.head_size_v,
+            )
         shape = (self.block_size, self.num_kv_heads, self.head_size + self.head_size_v)
         return (PagePart(name="kv", offset=0, shape=shape, dtype=self.dtype),)

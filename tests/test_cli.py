@@ -31,8 +31,22 @@ def test_plugins_json(capsys):
             "spec": "kvcore_plugins.full_attention.spec.FullAttentionSpec",
             "kind": "full_attention",
             "manager": "kvcore_plugins.full_attention.manager.FullAttentionManager",
+            "kv_formats": [],
         }
     ]
+    (nvfp4,) = rows["nvfp4_attention"]["layer_types"]
+    assert nvfp4["kv_formats"] == [
+        {"name": "nvfp4", "description": "4-bit E2M1 values, one E4M3 scale per 16 values"}
+    ]
+
+
+def test_plugins_lists_the_formats_a_type_stores(capsys):
+    assert main(["plugins", "--only", "nvfp4_attention"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "        stores KV format nvfp4 (4-bit E2M1 values, one E4M3 scale per 16 values)\n"
+        "    layer kinds: nvfp4_attention\n" in out
+    )
 
 
 def test_errors_are_one_line_with_exit_status_2(capsys):

@@ -137,6 +137,7 @@ BUILTIN = (
     "sink_full_attention",
     "mla",
     "hidden_state",
+    "nvfp4_attention",
 )
 
 

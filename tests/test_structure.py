@@ -20,6 +20,7 @@ BUILTIN_PLUGINS = [
     "sink_full_attention",
     "mla",
     "hidden_state",
+    "nvfp4_attention",
 ]
 PUBLIC_CORE_MODULES = {
     "kvcore",

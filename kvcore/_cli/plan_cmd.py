@@ -58,7 +58,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--dtype",
         metavar="NAME",
-        help="KV cache dtype, e.g. bfloat16 or fp8 (default: the model's)",
+        help="KV cache dtype: a plain dtype such as bfloat16 or fp8, or a KV format a plugin "
+        "declares, such as nvfp4 ('kvcore plugins' lists them); it applies to every layer "
+        "whose type takes the model's dtype (default: the model's)",
     )
     parser.add_argument(
         "--max-num-batched-tokens",

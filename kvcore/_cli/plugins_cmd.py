@@ -27,10 +27,10 @@ def add_parser(subparsers: Any) -> None:
         description=(
             "List the kvcore plugins found through the 'kvcore' entry-point group: for "
             "each, its distribution, its attention types (spec class, kind, manager "
-            "class), the layer kinds it builds from model configs, whether it recognizes "
-            "model configs, and its plan options. Loading calls the hooks of every "
-            "selected plugin, so a broken plugin is reported here. Plugins left out by "
-            "the selection are listed as not loaded."
+            "class, the quantized KV formats it stores), the layer kinds it builds from "
+            "model configs, whether it recognizes model configs, and its plan options. "
+            "Loading calls the hooks of every selected plugin, so a broken plugin is "
+            "reported here. Plugins left out by the selection are listed as not loaded."
         ),
     )
     add_selection_options(parser)
@@ -107,6 +107,10 @@ def _describe(plugin: PluginInfo, loaded: bool) -> dict[str, Any]:
                 "spec": f"{lt.spec.__module__}.{lt.spec.__qualname__}",
                 "kind": lt.spec.kind,
                 "manager": f"{lt.manager.__module__}.{lt.manager.__qualname__}",
+                "kv_formats": [
+                    {"name": kv_format.name, "description": kv_format.description}
+                    for kv_format in getattr(lt.spec, "kv_formats", ())
+                ],
             }
             for lt in plugin.layer_types
         ],
@@ -147,6 +151,9 @@ def run(args: argparse.Namespace) -> int:
         for layer_type in row["layer_types"]:
             print(f"    {layer_type['spec']}  [{layer_type['kind']}]")
             print(f"        managed by {layer_type['manager']}")
+            for kv_format in layer_type["kv_formats"]:
+                described = f" ({kv_format['description']})" if kv_format["description"] else ""
+                print(f"        stores KV format {kv_format['name']}{described}")
         if row["layer_kinds"]:
             kinds = []
             for kind in row["layer_kinds"]:

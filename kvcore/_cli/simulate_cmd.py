@@ -63,7 +63,10 @@ def add_parser(subparsers: Any) -> None:
         "--block-size", type=int, metavar="N", help="tokens per block (default: the planner's)"
     )
     parser.add_argument(
-        "--dtype", metavar="NAME", help="KV cache dtype, e.g. fp8 (default: the model's)"
+        "--dtype",
+        metavar="NAME",
+        help="KV cache dtype: a plain dtype such as fp8, or a KV format a plugin declares "
+        "('kvcore plugins' lists them) (default: the model's)",
     )
     parser.add_argument(
         "--no-hybrid",

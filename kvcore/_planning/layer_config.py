@@ -18,7 +18,7 @@ import attrs
 
 from kvcore._planning.fields import ConfigFields
 from kvcore.errors import InvalidConfigError
-from kvcore.specs import KIND_PATTERN, KVCacheSpec, non_negative_int, positive_int
+from kvcore.specs import KIND_PATTERN, KVCacheSpec, KVFormat, non_negative_int, positive_int
 
 __all__ = ["LayerBuilder", "LayerConfig", "LayerKind", "PlanOption"]
 
@@ -63,7 +63,10 @@ class LayerConfig(ConfigFields):
         config: The model's (text) config, read-only: the ``config.json``
             fields, with a nested ``text_config`` merged over the top level.
         block_size: Tokens per block of attention layers.
-        dtype: Element type of the KV cache (canonical name).
+        dtype: Element type of the KV cache: a plain dtype's canonical name,
+            or the :class:`~kvcore.specs.KVFormat` the user planned with
+            (attention specs take either as their ``dtype``; a type that does
+            not store the format refuses it).
         state_dtype: Element type of recurrent states (the model's dtype: a
             KV cache dtype such as fp8 does not apply to them).
         max_model_len: The longest request planned for, in tokens.
@@ -78,7 +81,7 @@ class LayerConfig(ConfigFields):
     source: str = ""
     config: Mapping[str, Any] = attrs.field(converter=_read_only, eq=False, repr=False)
     block_size: int = attrs.field(validator=positive_int)
-    dtype: str
+    dtype: str | KVFormat
     state_dtype: str
     max_model_len: int = attrs.field(validator=positive_int)
     options: Mapping[str, str] = attrs.field(factory=dict, converter=_read_only)

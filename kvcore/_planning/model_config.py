@@ -35,7 +35,7 @@ from kvcore.errors import (
     InvalidSpecError,
     UnknownSpecError,
 )
-from kvcore.specs import KVCacheSpec, dtype_name
+from kvcore.specs import KVCacheSpec, KVFormat, dtype_name
 
 __all__ = [
     "ModelConfig",
@@ -380,12 +380,26 @@ def _kinds_claimed(registry: Registry) -> str:
     return ", ".join(described) or "none"
 
 
+def _format_hint(kv_dtype: str | KVFormat, registry: Registry) -> str:
+    """For a KV format as the cache dtype: which layer types store it."""
+    if not isinstance(kv_dtype, KVFormat):
+        return ""
+    kinds = [
+        f"{cls.__name__} (kind {cls.kind!r}, plugin {registry.plugin_for(cls).name!r})"
+        for cls in registry.spec_classes_storing(kv_dtype)
+    ]
+    return (
+        f". The KV format {kv_dtype.name!r} is stored by {', '.join(kinds)}: give the layers "
+        "that should store it one of those kinds in layer_types, or plan with a plain dtype"
+    )
+
+
 def build_layer_specs(
     model: ModelConfig,
     registry: Registry,
     *,
     block_size: int,
-    dtype: str | None = None,
+    dtype: str | KVFormat | None = None,
     max_model_len: int | None = None,
     options: Mapping[str, str] | None = None,
 ) -> dict[str, KVCacheSpec]:
@@ -395,7 +409,9 @@ def build_layer_specs(
         model: The model config (:func:`load_model_config`).
         registry: The selected plugins.
         block_size: Tokens per block of attention layers.
-        dtype: KV cache dtype; default the model's.
+        dtype: KV cache dtype: a plain dtype or a KV format a selected plugin
+            declares (:meth:`~kvcore.Registry.cache_dtype`); default the
+            model's dtype.
         max_model_len: Longest request planned for; default the model's.
         options: Plugins' plan options, ``"<plugin>.<option>"`` → value
             (see :class:`~kvcore.PlanOption`).
@@ -404,13 +420,16 @@ def build_layer_specs(
         UnknownSpecError: a layer's kind is claimed by no selected plugin.
         InvalidConfigError: a builder misses a config field, or finds one
             malformed (naming the file and the field); an unknown plan option
-            or value.
-        InvalidSpecError: the fields make an invalid spec (naming the layer).
+            or value; a ``dtype`` that is neither a plain dtype nor a declared
+            KV format.
+        InvalidSpecError: the fields make an invalid spec (naming the layer);
+            a KV format given as ``dtype`` reaches a layer whose type does not
+            store it (naming the types that do).
         HookImplementationError: a builder raises or returns something that
             is not a spec.
     """
     option_values = registry.plan_option_values(options)
-    kv_dtype = dtype_name(dtype) if dtype is not None else model.dtype
+    kv_dtype = registry.cache_dtype(dtype) if dtype is not None else model.dtype
     specs: dict[str, KVCacheSpec] = {}
     for layer in model.layers:
         claim = registry.layer_kind(layer.kind)
@@ -445,7 +464,7 @@ def build_layer_specs(
                 plugin, where, functools.partial(kind.build, layer_config), pass_kvcore_errors=True
             )
         except InvalidSpecError as exc:
-            msg = f"{layer_config._where()}: {exc}"
+            msg = f"{layer_config._where()}: {exc}{_format_hint(kv_dtype, registry)}"
             raise InvalidSpecError(msg) from exc
         if not isinstance(spec, KVCacheSpec):
             msg = (

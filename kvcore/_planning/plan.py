@@ -28,7 +28,7 @@ from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
 from kvcore._utils import format_bytes
 from kvcore.errors import InvalidConfigError
-from kvcore.specs import KVCacheSpec, TokenLimits, dtype_name
+from kvcore.specs import KVCacheSpec, KVFormat, TokenLimits
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -329,7 +329,7 @@ def plan(
     memory: int | str = "80GiB",
     max_model_len: int | None = None,
     block_size: int | None = None,
-    dtype: str | None = None,
+    dtype: str | KVFormat | None = None,
     registry: Registry | None = None,
     group_size_rule: str = "reference",
     max_num_batched_tokens: int | None = None,
@@ -357,8 +357,10 @@ def plan(
             to the longest that fits the memory. Given explicitly, it must fit.
         block_size: Tokens per attention block (default 16); raised for
             models with state layers until an attention page holds a state.
-        dtype: KV cache dtype (``"bfloat16"``, ``"fp8"``, ...); default the
-            model's.
+        dtype: KV cache dtype: a plain dtype (``"bfloat16"``, ``"fp8"``, ...)
+            or a KV format a selected plugin declares (``"nvfp4"``, or the
+            :class:`~kvcore.specs.KVFormat`), for every attention layer whose
+            type stores it; default the model's dtype.
         registry: The plugins to plan with; default :func:`kvcore.load_registry`.
         group_size_rule: ``"reference"`` (the reference engine's layout) or
             ``"gcd"`` (kvcore's layout wasting the least; the plan then also
@@ -379,9 +381,11 @@ def plan(
 
     Raises:
         InvalidConfigError: unknown model (the message lists the shipped
-            ones), a malformed config (naming the file and the field), bad
-            option (a plan option no selected plugin declares, or a value it
-            does not accept), or layers that cannot be grouped.
+            ones), a malformed config (naming the file and the field), a
+            ``dtype`` that is neither a plain dtype nor a declared KV format
+            (the message lists both), bad option (a plan option no selected
+            plugin declares, or a value it does not accept), or layers that
+            cannot be grouped.
         InsufficientMemoryError: (an ``InvalidConfigError``) the memory cannot
             hold one request of ``max_model_len`` tokens (or, when fitting, of
             one token); the message states the memory needed.
@@ -417,12 +421,7 @@ def plan(
     )
     if num_blocks is not None:
         _positive("num_blocks", num_blocks)
-    if dtype is not None:
-        try:
-            dtype = dtype_name(dtype)
-        except ValueError as exc:
-            msg = f"dtype: {exc}"
-            raise InvalidConfigError(msg) from None
+    kv_dtype = None if dtype is None else registry.cache_dtype(dtype)
     limits = TokenLimits(
         max_model_len=length,
         max_num_batched_tokens=batched,
@@ -433,7 +432,7 @@ def plan(
         cfg,
         registry,
         block_size=block,
-        dtype=dtype,
+        dtype=kv_dtype,
         max_model_len=length,
         options=options,
     )

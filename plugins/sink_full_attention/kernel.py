@@ -56,5 +56,5 @@ class SinkFullAttentionKernel(TokenRowKernel):
         return layer.read(blocks, 0, len(params["sink"]), who="the sink blocks")
 
     def dense_extra_rows(self, spec: KVCacheSpec, params: Params) -> torch.Tensor:
-        """The sink rows, rounded to the cache's dtype."""
-        return round_to(params["sink"], _sink_spec(spec).dtype)
+        """The sink rows, rounded to the cache's dtype (its page's one part's)."""
+        return round_to(params["sink"], _sink_spec(spec).page_parts()[0].dtype)

@@ -299,7 +299,7 @@ def test_every_built_in_type_has_a_reference_kernel():
         if plugin.module.startswith("kvcore_plugins.")
         for layer_type in plugin.layer_types
     }
-    assert len(built_in) == 8
+    assert len(built_in) == 9
     assert built_in <= set(kernels)
     assert all(cls.__module__.startswith("kvcore_plugins.") for cls in kernels)
 

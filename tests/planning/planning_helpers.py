@@ -28,6 +28,7 @@ BUILTIN_PLUGINS = (
     "sink_full_attention",
     "mla",
     "hidden_state",
+    "nvfp4_attention",
 )
 
 

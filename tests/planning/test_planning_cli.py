@@ -82,6 +82,16 @@ def test_plan_layout_hybrid_and_plugin_options(capsys):
     assert json.loads(capsys.readouterr().out)["layout"] == "block_outer"
 
 
+def test_the_quantized_mix_shows_its_padded_pages(capsys):
+    assert main(["plan", "nvfp4-hybrid-8b", *ONLY]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("nvfp4-hybrid-8b: 32 cache layers (24 sliding_window, 8 nvfp4_attention)")
+    nvfp4 = next(line.split() for line in out.splitlines() if "nvfp4_attention   " in line)
+    assert nvfp4[3:] == ["3,7,11,15,…,31", "16", "64.00", "KiB", "8192", "368.00", "KiB"]
+    assert "(59.34% of the pool at max_model_len; 0 padding layer slots)" in out
+    assert "note: pages padded to the common page size: 8 nvfp4_attention layers" in out
+
+
 def test_list_models(capsys):
     assert main(["plan", "--list-models"]) == 0
     assert capsys.readouterr().out.split() == kvcore.list_models()
@@ -100,6 +110,15 @@ def test_list_models(capsys):
         (["jamba-v0.1", "-o", "mamba.cache_mode=all"], "'mamba.cache_mode' must be one of"),
         (["jamba-v0.1", "-o", "mamba.cachemode=none"], "Did you mean 'mamba.cache_mode'?"),
         (["jamba-v0.1", "-o", "cache_mode"], "write it as PLUGIN.NAME=VALUE"),
+        (
+            ["gpt-oss-20b", "--dtype", "nvfp5"],
+            "KV formats the selected plugins declare: nvfp4 (NVFP4AttentionSpec of plugin",
+        ),
+        (["gpt-oss-20b", "--dtype", "nvfp4"], "does not store the KV format 'nvfp4'"),
+        (
+            ["gpt-oss-20b", "--dtype", "nvfp4", "--disable", "nvfp4_attention"],
+            "KV formats the selected plugins declare: none",
+        ),
     ],
 )
 def test_bad_input_is_one_line_with_exit_status_2(capsys, argv, message):

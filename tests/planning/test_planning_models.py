@@ -125,6 +125,44 @@ def test_qwen3_next_80b_by_hand():
     assert p.wasted_bytes_per_request == 10_027_008
 
 
+def test_nvfp4_hybrid_8b_by_hand():
+    """32 layers, every 4th NVFP4 full attention (8), 24 bf16 sliding window (1024); 8 × 128.
+
+    bf16 page: 16 × 8 × 256 × 2 = 65,536 bytes. NVFP4: per token and head 128
+    bytes of 4-bit values and 16 one-byte scales, 8 × 144 = 1,152 bytes per
+    token, a page of 18,432; 65,536 is not a multiple of it, so it is padded
+    by 47,104 bytes. Buckets of 24 and 8: group size 8, 3 sliding groups and
+    1 NVFP4 group; a block is 8 × 65,536 = 524,288 bytes → 80 GiB / 512 KiB =
+    163,840 blocks. At 131,072 tokens: 8,192 NVFP4 blocks and per sliding
+    group ceil((1,023 + 8,192) / 16) + 1 = 577, 9,923 in all. Waste:
+    8,192 × 8 × 47,104 = 3,087,007,744 bytes per request, of 9,923 ×
+    524,288 = 5,202,509,824: 59.34 %.
+
+    Block-outer: one sliding group of 24 layers (a block of 24 × 65,536 =
+    1,572,864 bytes) and one NVFP4 group using 8 × 18,432 = 147,456 of each
+    block: 54,613 blocks, 577 + 8,192 = 8,769 per request, and 8,192 ×
+    1,425,408 = 11,676,942,336 of 8,769 × 1,572,864 = 13,792,444,416 bytes
+    wasted: 84.66 %.
+    """
+    p = plan("nvfp4-hybrid-8b")
+    assert shape(p) == [("sliding_window", 8)] * 3 + [("nvfp4_attention", 8)]
+    assert [g.page_sizes for g in p.groups] == [(65_536,)] * 4
+    assert p.groups[3].real_page_sizes == (18_432,)
+    assert (p.bytes_per_block, p.num_blocks, p.blocks_per_request) == (524_288, 163_840, 9923)
+    assert p.wasted_bytes_per_request == 3_087_007_744
+    assert round(p.waste_fraction, 4) == 0.5934
+    assert p.notes == ("pages padded to the common page size: 8 nvfp4_attention layers",)
+    outer = plan("nvfp4-hybrid-8b", layout="block_outer")
+    assert shape(outer) == [("sliding_window", 24), ("nvfp4_attention", 8)]
+    assert (outer.bytes_per_block, outer.num_blocks, outer.blocks_per_request) == (
+        1_572_864,
+        54_613,
+        8769,
+    )
+    assert outer.wasted_bytes_per_request == 11_676_942_336
+    assert round(outer.waste_fraction, 4) == 0.8466
+
+
 # model: (groups, block size, page, blocks at 80 GiB, max_model_len, wasted bytes per request)
 TABLE = {
     "deepseek-v3": ([("mla", 61)], 16, 18_432, 76_398, 163_840, 0),
@@ -380,7 +418,7 @@ def test_shipped_model_table(model):
 
 
 def test_every_shipped_model_is_pinned():
-    hand = {"llama-3-8b", "gpt-oss-20b", "gemma-3-27b", "qwen3-next-80b"}
+    hand = {"llama-3-8b", "gpt-oss-20b", "gemma-3-27b", "qwen3-next-80b", "nvfp4-hybrid-8b"}
     assert set(kvcore.list_models()) == hand | set(TABLE)
 
 

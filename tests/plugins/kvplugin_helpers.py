@@ -13,10 +13,11 @@ from kvcore_plugins.full_attention import FullAttentionSpec
 from kvcore_plugins.hidden_state import HiddenStateCacheSpec
 from kvcore_plugins.mamba import MambaSpec
 from kvcore_plugins.mla import MLAAttentionSpec
+from kvcore_plugins.nvfp4_attention import NVFP4AttentionSpec
 from kvcore_plugins.sink_full_attention import SinkFullAttentionSpec
 from kvcore_plugins.sliding_window import SlidingWindowSpec
 
-#: The eight built-in plugins, by entry-point name.
+#: The nine built-in plugins, by entry-point name.
 BUILTIN_PLUGINS = (
     "full_attention",
     "sliding_window",
@@ -26,6 +27,7 @@ BUILTIN_PLUGINS = (
     "sink_full_attention",
     "mla",
     "hidden_state",
+    "nvfp4_attention",
 )
 
 NULL = kvcore.NULL_BLOCK
@@ -88,6 +90,10 @@ def mla(block_size: int = 16, cache_dtype_str: str | None = None) -> MLAAttentio
     return MLAAttentionSpec(
         block_size=block_size, head_size=576, dtype="bfloat16", cache_dtype_str=cache_dtype_str
     )
+
+
+def nvfp4(block_size: int = 16) -> NVFP4AttentionSpec:
+    return NVFP4AttentionSpec(block_size=block_size, num_kv_heads=1, head_size=16, dtype="nvfp4")
 
 
 def hidden(block_size: int = 16) -> HiddenStateCacheSpec:

@@ -15,6 +15,7 @@ from kvplugin_helpers import (
     hidden,
     mamba,
     mla,
+    nvfp4,
     sink,
     sw,
 )
@@ -39,10 +40,11 @@ SPEC_OF = {
     ),
     "mla": ("MLAAttentionSpec", "MLAAttentionManager", lambda: mla(16)),
     "hidden_state": ("HiddenStateCacheSpec", "HiddenStateCacheManager", lambda: hidden(16)),
+    "nvfp4_attention": ("NVFP4AttentionSpec", "NVFP4AttentionManager", lambda: nvfp4(16)),
 }
 
 
-def test_kvcore_plugins_lists_all_eight_types_from_their_own_entry_points():
+def test_kvcore_plugins_lists_all_nine_types_from_their_own_entry_points():
     out = subprocess.run(
         [sys.executable, "-m", "kvcore._cli", "plugins", "--json"],
         capture_output=True,
