@@ -357,7 +357,8 @@ def plan(
         block_size: Tokens per attention block (default 16); raised for
             models with state layers until an attention page holds a state.
         dtype: KV cache dtype (``"bfloat16"``, ``"fp8"``, ...); default the
-            model's.
+            model's (:attr:`~kvcore.ModelConfig.dtype`: float32 for a config
+            that names none).
         registry: The plugins to plan with; default :func:`kvcore.load_registry`.
         group_size_rule: ``"reference"`` (the reference engine's layout) or
             ``"gcd"`` (kvcore's layout wasting the least; the plan then also
