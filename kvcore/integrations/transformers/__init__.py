@@ -10,6 +10,8 @@
   (:class:`KVCoreCrossCache`: an encoder-decoder model's cross attention).
 * :func:`generate` is a continuous-batching greedy generator on top: prefix
   caching across requests, chunked prefill, preemption.
+* :func:`tiny_model` builds a tiny model of each attention type from a
+  config, with seeded random weights, for tests and examples.
 
 Importing this module imports torch and transformers.
 """
@@ -25,6 +27,7 @@ from kvcore.integrations.transformers._generate import (
 )
 from kvcore.integrations.transformers._paged import LayerSlot, PagedModelCache
 from kvcore.integrations.transformers._planning import model_dtype, plan_model
+from kvcore.integrations.transformers._tiny import TINY_MODELS, tiny_model
 
 __all__ = [
     "plan_model",
@@ -38,4 +41,6 @@ __all__ = [
     "GenerateResult",
     "Generation",
     "GenerateStats",
+    "tiny_model",
+    "TINY_MODELS",
 ]

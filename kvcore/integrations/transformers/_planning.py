@@ -58,6 +58,7 @@ def plan_model(
     max_model_len: int | None = None,
     max_num_batched_tokens: int | None = None,
     block_size: int | None = None,
+    num_blocks: int | None = None,
     hybrid: bool = True,
     options: Mapping[str, str] | None = None,
     registry: Registry | None = None,
@@ -76,6 +77,7 @@ def plan_model(
         max_num_batched_tokens: Tokens per step (windows keep that many more).
         block_size: Tokens per attention block (default 16, raised for state
             layers until an attention page holds a state).
+        num_blocks: Use this many blocks instead of what ``memory`` holds.
         hybrid: ``False``: windows and chunks allocated for every token.
         options: Plugins' plan options (``{"mamba.cache_mode": "align"}``).
         registry: The plugins; default every installed one.
@@ -98,6 +100,7 @@ def plan_model(
         max_model_len=max_model_len,
         max_num_batched_tokens=max_num_batched_tokens,
         block_size=block_size,
+        num_blocks=num_blocks,
         registry=registry,
         hybrid=hybrid,
         options=options,
