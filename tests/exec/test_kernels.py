@@ -69,7 +69,9 @@ def test_reading_through_the_null_block_is_an_error():
 
 def test_reading_past_the_table_is_an_error():
     layer = cache_layer(full_spec())
-    with pytest.raises(PagedAccessError, match=r"position 8 is in block 2 of its block table, which has 2 entries"):
+    with pytest.raises(
+        PagedAccessError, match=r"position 8 is in block 2 of its block table, which has 2 entries"
+    ):
         layer.read((3, 5), 4, 9, who="r")
 
 

@@ -94,7 +94,9 @@ def hf_prompt_cache(model, prefix, chunk):
     step = chunk or len(prefix)
     with torch.no_grad():
         for start in range(0, len(prefix), step):
-            model(input_ids=torch.tensor([prefix[start : start + step]]), cache=cache, use_cache=True)
+            model(
+                input_ids=torch.tensor([prefix[start : start + step]]), cache=cache, use_cache=True
+            )
     return cache
 
 
@@ -119,10 +121,22 @@ def test_greedy_tokens_and_logits_are_transformers_own(name, chunked):
     )
     groups = paged.plan.kv_cache_config.kv_cache_groups
     assert [type(g.kv_cache_spec).__name__ for g in groups] == GROUP_TYPES[name]
-    first = generate(model, [prefix], max_new_tokens=NEW, cache=paged, output_logits=True,
-                     max_num_batched_tokens=budget).generations[0]
-    second = generate(model, [longer], max_new_tokens=NEW, cache=paged, output_logits=True,
-                      max_num_batched_tokens=budget).generations[0]
+    first = generate(
+        model,
+        [prefix],
+        max_new_tokens=NEW,
+        cache=paged,
+        output_logits=True,
+        max_num_batched_tokens=budget,
+    ).generations[0]
+    second = generate(
+        model,
+        [longer],
+        max_new_tokens=NEW,
+        cache=paged,
+        output_logits=True,
+        max_num_batched_tokens=budget,
+    ).generations[0]
     # The 32-token prefix is two whole blocks, cached by the first request: the second
     # finds all of it (a hit is whole blocks, at most prompt length - 1).
     assert first.num_cached_tokens == 0
@@ -160,10 +174,22 @@ def test_corrupting_one_cached_block_changes_the_output(name):
         for view in slot.views:
             view[block] += 1.0
     assert corrupted
-    clean = generate(model, [longer], max_new_tokens=NEW, memory="4MiB", output_logits=True,
-                     max_num_batched_tokens=chunk).generations[0]
-    corrupt = generate(model, [longer], max_new_tokens=NEW, cache=paged, output_logits=True,
-                       max_num_batched_tokens=chunk).generations[0]
+    clean = generate(
+        model,
+        [longer],
+        max_new_tokens=NEW,
+        memory="4MiB",
+        output_logits=True,
+        max_num_batched_tokens=chunk,
+    ).generations[0]
+    corrupt = generate(
+        model,
+        [longer],
+        max_new_tokens=NEW,
+        cache=paged,
+        output_logits=True,
+        max_num_batched_tokens=chunk,
+    ).generations[0]
     assert corrupt.num_cached_tokens == 32
     assert clean.num_cached_tokens == 0
     assert not torch.equal(clean.logits, corrupt.logits)
@@ -178,13 +204,15 @@ def test_preemption_and_batched_decode_give_the_same_tokens(name):
     model = model_named(name)
     prefix, _ = prompts()
     g = torch.Generator().manual_seed(2)
-    batch = [prefix[: 16 + 3 * i] + torch.randint(0, 128, (5,), generator=g).tolist()
-             for i in range(6)]
+    batch = [
+        prefix[: 16 + 3 * i] + torch.randint(0, 128, (5,), generator=g).tolist() for i in range(6)
+    ]
     small = PagedModelCache.for_model(
         model, memory="4MiB", num_blocks=13, max_num_batched_tokens=16, max_model_len=64
     )
-    result = generate(model, batch, max_new_tokens=NEW, cache=small, output_logits=True,
-                      max_num_batched_tokens=16)
+    result = generate(
+        model, batch, max_new_tokens=NEW, cache=small, output_logits=True, max_num_batched_tokens=16
+    )
     assert result.stats.preemptions > 0
     assert result.stats.batched_forwards > 0
     for prompt, gen in zip(batch, result.generations, strict=True):
@@ -197,8 +225,9 @@ def test_batched_decode_matches_one_request_per_forward():
     model = model_named("gpt-oss")
     prefix, longer = prompts()
     batch = [prefix[:20], longer, prefix[:9]]
-    one = generate(model, batch, max_new_tokens=NEW, memory="4MiB", batch_decode=False,
-                   output_logits=True)
+    one = generate(
+        model, batch, max_new_tokens=NEW, memory="4MiB", batch_decode=False, output_logits=True
+    )
     many = generate(model, batch, max_new_tokens=NEW, memory="4MiB", output_logits=True)
     assert one.stats.batched_forwards == 0
     assert many.stats.batched_forwards >= NEW - 1
@@ -213,7 +242,9 @@ def test_whisper_cross_attention_in_kvcore_blocks():
     # values in the full-attention group's; transformers reuses the encoder's after the
     # first step (reading them back from the blocks). Against its own default cache.
     model = model_named("whisper")
-    features = torch.randn(1, 8, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    features = torch.randn(
+        1, 8, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3)
+    )
     prompt = [1, 5, 9, 17]
     with torch.no_grad():
         encoded = BaseModelOutput(last_hidden_state=model.model.encoder(features).last_hidden_state)
@@ -232,7 +263,9 @@ def test_whisper_cross_attention_in_kvcore_blocks():
 def _greedy_whisper(model, encoded, prompt, paged):
     request = Request("w", prompt)
     encoder_tokens = encoded.last_hidden_state.shape[1]
-    default = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
+    default = EncoderDecoderCache(
+        DynamicCache(config=model.config), DynamicCache(config=model.config)
+    )
     tokens, logits = [], []
     while len(tokens) < NEW:
         start = request.num_computed_tokens
@@ -241,13 +274,20 @@ def _greedy_whisper(model, encoded, prompt, paged):
             cache = default
         else:
             assert paged.manager.allocate_slots(request, count, num_encoder_tokens=encoder_tokens)
-            rows = [StepRow(request_id="w", start=start, num_tokens=count,
-                            num_encoder_tokens=encoder_tokens)]
+            rows = [
+                StepRow(
+                    request_id="w", start=start, num_tokens=count, num_encoder_tokens=encoder_tokens
+                )
+            ]
             cache = EncoderDecoderCache(
                 KVCoreCache(paged, rows), KVCoreCrossCache(paged, rows, written=start > 0)
             )
-        out = model(encoder_outputs=encoded, decoder_input_ids=torch.tensor([request.all_token_ids[start:]]),
-                    cache=cache, use_cache=True)
+        out = model(
+            encoder_outputs=encoded,
+            decoder_input_ids=torch.tensor([request.all_token_ids[start:]]),
+            cache=cache,
+            use_cache=True,
+        )
         request.num_computed_tokens += count
         logits.append(out.logits[0, -1])
         tokens.append(int(out.logits[0, -1].argmax()))
@@ -269,21 +309,25 @@ def test_reading_a_position_without_a_block_is_refused():
     assert paged.manager.allocate_slots(request, 16) is not None
     with pytest.raises(PagedAccessError, match="position 16 is in block 1 of its block table"):
         KVCoreCache(paged, [StepRow(request_id="r", start=0, num_tokens=20)]).layers[0].update(
-            torch.zeros(1, 2, 20, 8, dtype=torch.float64), torch.zeros(1, 2, 20, 8, dtype=torch.float64)
+            torch.zeros(1, 2, 20, 8, dtype=torch.float64),
+            torch.zeros(1, 2, 20, 8, dtype=torch.float64),
         )
 
 
 def test_a_hybrid_forward_mixing_fresh_and_continuing_rows_is_refused():
     model = model_named("qwen3-next")
     paged = PagedModelCache.for_model(model, memory="4MiB")
-    rows = [StepRow(request_id="a", start=0, num_tokens=1), StepRow(request_id="b", start=5, num_tokens=1)]
+    rows = [
+        StepRow(request_id="a", start=0, num_tokens=1),
+        StepRow(request_id="b", start=5, num_tokens=1),
+    ]
     with pytest.raises(InvalidRequestError, match="one previous-state flag for all rows"):
         KVCoreCache(paged, rows)
 
 
 def test_generate_checks_its_arguments():
     model = model_named("llama")
-    with pytest.raises(InvalidConfigError, match="exactly one of memory= .* or cache="):
+    with pytest.raises(InvalidConfigError, match=r"exactly one of memory= .* or cache="):
         generate(model, [[1, 2]], max_new_tokens=2)
     with pytest.raises(InvalidRequestError, match="prompt 1 is empty"):
         generate(model, [[1], []], max_new_tokens=2, memory="1MiB")

@@ -185,7 +185,9 @@ class _Rows:
         return self._states[group_id]
 
 
-def _check_row_shape(slot: LayerSlot, view: torch.Tensor, shape: tuple[int, ...], what: str) -> None:
+def _check_row_shape(
+    slot: LayerSlot, view: torch.Tensor, shape: tuple[int, ...], what: str
+) -> None:
     if tuple(view.shape[2:]) != shape:
         msg = (
             f"layer {slot.name!r}: transformers hands over {what} rows of shape {shape}, but "
@@ -222,7 +224,7 @@ class _AttentionLayer(CacheLayerMixin):
         return out[..., :key_width].contiguous(), out[..., key_width:].contiguous()
 
     def _store(self, addresses: _Addresses, key: torch.Tensor, value: torch.Tensor) -> None:
-        batch, heads, count, key_width = key.shape
+        batch, heads, count, _ = key.shape
         if batch != len(addresses.lengths) or count * batch != len(addresses.write_blocks):
             msg = (
                 f"layer {self.slot.name!r}: transformers hands over {batch} rows of {count} "
@@ -401,7 +403,7 @@ class _CrossLayer(CacheLayerMixin):
         width = self.slot.spec.head_size  # type: ignore[attr-defined]
         return self._attention._gather(self._rows.cross(self.slot), width)
 
-    @property  # type: ignore[override]
+    @property
     def keys(self) -> torch.Tensor:
         """The encoder keys, read back from the blocks (transformers reuses them)."""
         return self._read()[0]
@@ -410,7 +412,7 @@ class _CrossLayer(CacheLayerMixin):
     def keys(self, value: object) -> None:
         pass  # the base class initialises it; the blocks are the storage
 
-    @property  # type: ignore[override]
+    @property
     def values(self) -> torch.Tensor:
         """The encoder values, read back from the blocks."""
         return self._read()[1]
@@ -498,7 +500,9 @@ class KVCoreCache(Cache):
         """Store each row's state after the step in the block of its last position."""
         return self._state_layer(layer_idx).recurrent_update(recurrent_states)
 
-    def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
+    def has_previous_state(
+        self, layer_idx: int | None = None, state_idx: int | None = None
+    ) -> bool:
         """Whether the rows continue (a state is stored) or start fresh."""
         return not any(row.start == 0 for row in self.rows)
 

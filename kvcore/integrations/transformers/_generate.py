@@ -120,7 +120,8 @@ class _Generator:
         self.waiting: deque[_Live] = deque()
         self.running: list[_Live] = []
         self.stats = GenerateStats()
-        self.layer_types = getattr(model.config.get_text_config(decoder=True), "layer_types", None)
+        config: Any = getattr(model, "config", None)
+        self.layer_types = getattr(config.get_text_config(decoder=True), "layer_types", None)
         self.dtype = next(model.parameters()).dtype
 
     def _chunk(self, request: Request, budget: int) -> int:
@@ -197,7 +198,7 @@ class _Generator:
             )
             raise InvalidConfigError(msg)
         decode = [(live, n) for live, n in scheduled if n == 1 and live.request.num_computed_tokens]
-        singles = [(live, n) for live, n in scheduled if n != 1 or not live.request.num_computed_tokens]
+        singles = [entry for entry in scheduled if entry not in decode]
         if not (self.batch_decode and len(decode) > 1 and self._run_batch(decode)):
             singles += decode
         for live, count in singles:
@@ -219,7 +220,10 @@ class _Generator:
         self, batch: Sequence[tuple[_Live, int]], cache: KVCoreCache, mask: Any
     ) -> torch.Tensor:
         rows = cache.rows
-        ids = [live.request.all_token_ids[r.start : r.start + r.num_tokens] for (live, _), r in zip(batch, rows, strict=True)]
+        ids = [
+            live.request.all_token_ids[row.start : row.start + row.num_tokens]
+            for (live, _), row in zip(batch, rows, strict=True)
+        ]
         device = self.paged.device
         input_ids = torch.tensor(ids, dtype=torch.int64, device=device)
         positions = torch.stack(
@@ -236,7 +240,8 @@ class _Generator:
             )
         self.stats.forwards += 1
         self.stats.computed_tokens += sum(r.num_tokens for r in rows)
-        return out.logits[:, -1, :]
+        logits: torch.Tensor = out.logits[:, -1, :]
+        return logits
 
     def _run(self, batch: Sequence[tuple[_Live, int]], mask: Any) -> None:
         self._run_with(batch, KVCoreCache(self.paged, self._rows(batch)), mask)
@@ -264,7 +269,10 @@ class _Generator:
             lengths = None if slot.state else cache._rows.attention(slot).lengths
             if by_type.setdefault(kind, lengths) != lengths:
                 return None
-        masks = {kind: None if lengths is None else self._mask(lengths) for kind, lengths in by_type.items()}
+        masks = {
+            kind: None if lengths is None else self._mask(lengths)
+            for kind, lengths in by_type.items()
+        }
         if self.layer_types is None:
             return masks.get("all")
         return masks
@@ -347,7 +355,7 @@ def generate(
     if (memory is None) == (cache is None):
         msg = "give exactly one of memory= (a new cache) or cache= (a PagedModelCache)"
         raise InvalidConfigError(msg)
-    if getattr(model.config, "is_encoder_decoder", False):
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         msg = (
             "generate() serves decoder-only models; drive an encoder-decoder model with "
             "KVCoreCache and KVCoreCrossCache in an EncoderDecoderCache"
@@ -378,14 +386,13 @@ def generate(
         generator.stats.prompt_tokens += len(prompt)
     while generator.waiting or generator.running:
         generator.step()
-    generations = []
-    for live in lives:
-        generations.append(
-            Generation(
-                token_ids=tuple(live.request.output_token_ids),
-                logits=torch.stack(live.kept) if output_logits else None,
-                num_cached_tokens=live.first_hit or 0,
-                num_preemptions=live.request.num_preemptions,
-            )
+    generations = tuple(
+        Generation(
+            token_ids=tuple(live.request.output_token_ids),
+            logits=torch.stack(live.kept) if output_logits else None,
+            num_cached_tokens=live.first_hit or 0,
+            num_preemptions=live.request.num_preemptions,
         )
-    return GenerateResult(generations=tuple(generations), stats=generator.stats)
+        for live in lives
+    )
+    return GenerateResult(generations=generations, stats=generator.stats)
