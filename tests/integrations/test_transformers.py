@@ -331,7 +331,7 @@ def test_generate_checks_its_arguments():
         generate(model, [[1, 2]], max_new_tokens=2)
     with pytest.raises(InvalidRequestError, match="prompt 1 is empty"):
         generate(model, [[1], []], max_new_tokens=2, memory="1MiB")
-    with pytest.raises(InvalidRequestError, match="exceed the cache's max_model_len=256"):
-        generate(model, [[1] * 250], max_new_tokens=10, memory="1MiB")
+    with pytest.raises(InvalidRequestError, match="exceed the cache's max_model_len=1024"):
+        generate(model, [[1] * 1020], max_new_tokens=10, memory="1MiB")
     with pytest.raises(InvalidConfigError, match="serves decoder-only models"):
         generate(model_named("whisper"), [[1]], max_new_tokens=2, memory="1MiB")

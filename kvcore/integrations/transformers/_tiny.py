@@ -24,7 +24,7 @@ _COMMON: dict[str, Any] = {
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
+    "max_position_embeddings": 1024,
     "head_dim": 8,
 }
 #: The window and the chunk of the local layers, in tokens.
