@@ -7,8 +7,9 @@ with seeded weights (``kvcore.integrations.transformers.tiny_model``):
 * **memory** held for one request of ``--prompt`` + ``--new`` tokens at its
   last step: kvcore's blocks in use (whole blocks, as allocated), the
   tensors transformers' default cache holds after ``model.generate()``, and
-  the blocks of a full-attention paged plan (``hybrid=False``: windows kept
-  for every token, as a paged cache without per-type managers does);
+  the blocks of a paged cache keeping every block of every group (windows
+  allocated for every token, as ``hybrid=False`` plans them, and a state for
+  every block: a paged cache without per-type managers);
 * **speed**: generated tokens per second of
   ``kvcore.integrations.transformers.generate`` against ``model.generate()``
   (greedy, default cache), for batch 1 and batch 8 (eight prompts of the
@@ -29,7 +30,7 @@ import time
 import torch
 from _common import positive_int, print_load
 
-from kvcore.integrations.transformers import PagedModelCache, generate, plan_model, tiny_model
+from kvcore.integrations.transformers import PagedModelCache, generate, tiny_model
 from kvcore.specs import cdiv
 
 MODELS = ("gemma3", "qwen3-next")
@@ -62,14 +63,17 @@ def default_cache_bytes(cache: object) -> int:
     return total
 
 
-def full_plan_bytes(model: torch.nn.Module, tokens: int) -> int:
-    """Bytes a ``hybrid=False`` plan allocates for one request of ``tokens`` tokens."""
-    plan = plan_model(model, memory="64MiB", block_size=BLOCK_SIZE, hybrid=False)
+def keep_all_bytes(paged: PagedModelCache, tokens: int) -> int:
+    """Bytes of a paged cache that keeps a block of every group for every block of a request.
+
+    What a paged cache without per-type managers holds (a window allocated for
+    every token, as ``hybrid=False`` plans it; a state checkpoint kept for
+    every block): kvcore's plan, with nothing freed.
+    """
     total = 0
-    for group in plan.kv_cache_config.kv_cache_groups:
-        spec = group.kv_cache_spec
-        blocks = 1 if not spec.page_size_follows_block_size else cdiv(tokens, spec.block_size)
-        total += blocks * sum(layer.page_size_bytes for _, layer in group.items())
+    for group in paged.plan.kv_cache_config.kv_cache_groups:
+        blocks = cdiv(tokens, group.kv_cache_spec.block_size)
+        total += blocks * sum(spec.page_size_bytes for _, spec in group.items())
     return total
 
 
@@ -94,7 +98,7 @@ def memory_row(name: str, prompt_len: int, new: int) -> str:
 
     paged.manager.free = free_and_measure  # type: ignore[method-assign]
     generate(model, [prompt.tolist()], max_new_tokens=new, cache=paged)
-    full = full_plan_bytes(model, prompt_len + new)
+    full = keep_all_bytes(paged, prompt_len + new)
     return (
         f"{name:<11} {peak / 1024:>10.1f} {hf / 1024:>14.1f} {full / 1024:>16.1f}"
         f" {hf / peak:>12.2f}x {full / peak:>12.2f}x"
@@ -151,8 +155,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"memory held by one request of {args.prompt} + {args.new} tokens (KiB, float32)")
-    print(f"{'model':<11} {'kvcore':>10} {'default cache':>14} {'full-attn paged':>16}"
-          f" {'default/kv':>13} {'full/kv':>13}")
+    print(f"{'model':<11} {'kvcore':>10} {'default cache':>14} {'keep-all paged':>16}"
+          f" {'default/kv':>13} {'keep-all/kv':>13}")
     for name in MODELS:
         print(memory_row(name, args.prompt, args.new))
     print()

@@ -11,7 +11,7 @@ Plugins provide kernels through the
 of the same model that uses no cache at all.
 
 Kernels are *strict*: every access goes through :class:`CacheLayer`, which
-raises :class:`PagedAccessError` when a position's block is the null block or
+raises :class:`~kvcore.errors.PagedAccessError` when a position's block is the null block or
 lies past the end of the table, so a bookkeeping bug shows up as an error or
 a mismatch, never as a silently read zero.
 
@@ -124,7 +124,7 @@ class CacheLayer:
     Every access names the request it is made for and goes through the
     request's block table: position ``p`` lives in slot ``p % block_size`` of
     block ``table[p // block_size]``. A position past the table, or in the
-    null block, raises :class:`PagedAccessError`.
+    null block, raises :class:`~kvcore.errors.PagedAccessError`.
 
     Attributes:
         name: The layer's name.

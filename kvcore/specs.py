@@ -407,7 +407,7 @@ class KVCacheSpec:
         union, below ``start``, of :meth:`tokens_read` over the step's
         positions. It differs from :meth:`tokens_read` only for a layer
         allocated for more tokens than it attends to (a window planned as
-        full attention, whose :attr:`compute_spec` says what it computes):
+        full attention, whose ``compute_spec`` says what it computes):
         :meth:`tokens_read` is the allocation's rule (what a cache hit needs),
         this is the computation's. The default evaluates the union exactly,
         one :meth:`tokens_read` call per position of the step; types with a

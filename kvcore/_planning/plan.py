@@ -75,7 +75,7 @@ class KVCachePlan:
         max_model_len_fitted: ``max_model_len`` was fitted to the memory (not
             given): the model's, lowered to the longest request that fits.
         num_blocks_given: The block count was given (``num_blocks``), not
-            derived from :attr:`memory_bytes`, which then sized nothing.
+            derived from ``memory_bytes``, which then sized nothing.
     """
 
     model: str
@@ -374,7 +374,7 @@ def plan(
         block_size: Tokens per attention block (default 16); raised for
             models with state layers until an attention page holds a state.
         dtype: KV cache dtype (``"bfloat16"``, ``"fp8"``, ...); default the
-            model's (:attr:`~kvcore.ModelConfig.dtype`: float32 for a config
+            model's (``ModelConfig.dtype``: float32 for a config
             that names none).
         registry: The plugins to plan with; default :func:`kvcore.load_registry`.
         group_size_rule: ``"reference"`` (the reference engine's layout) or

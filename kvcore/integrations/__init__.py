@@ -4,3 +4,7 @@ Each subpackage needs its library installed: :mod:`kvcore.integrations.transform
 needs ``pip install 'kvcore[transformers]'``. They use only kvcore's
 engine-facing API and the helpers of :mod:`kvcore.paging`.
 """
+
+from __future__ import annotations
+
+__all__: list[str] = []

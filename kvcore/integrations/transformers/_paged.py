@@ -41,7 +41,7 @@ class LayerSlot:
         computes: The layer's own spec, as the model config built it: what it
             computes and so which positions it reads
             (:meth:`~kvcore.specs.KVCacheSpec.positions_read`). It differs from
-            :attr:`spec` when planning allocated a window for every token, and
+            ``spec`` when planning allocated a window for every token, and
             a group's merged spec records one window for all its layers.
         views: The layer's tensors, one per page part, ``(num_blocks, ...)``.
         cross: It attends to the encoder's output (cross attention).
