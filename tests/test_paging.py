@@ -79,7 +79,7 @@ def test_layer_groups_rename_the_planned_prefix():
     renamed = paging.layer_groups(plan.kv_cache_config, model_prefix="model.language_model.")
     assert renamed["model.language_model.layers.5.self_attn"] == groups["model.layers.5.self_attn"]
     assert len(renamed) == len(groups) == 62
-    with pytest.raises(InvalidConfigError, match="does not start with prefix 'decoder.'"):
+    with pytest.raises(InvalidConfigError, match=r"does not start with prefix 'decoder\.'"):
         paging.layer_groups(plan.kv_cache_config, prefix="decoder.")
 
 
@@ -87,13 +87,13 @@ def test_positions_read_by_hand():
     window = SlidingWindowSpec(block_size=4, sliding_window=5, **ATTENTION)
     # A step computing [10, 13): the query at 10 reads 6..9, later ones read less before 10.
     assert window.positions_read(10, 13) == (range(6, 10),)
-    assert window.positions_read(2) == (range(0, 2),)
+    assert window.positions_read(2) == (range(2),)
     assert window.positions_read(0, 4) == ()
     chunk = ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=8, **ATTENTION)
     assert chunk.positions_read(11, 20) == (range(8, 11),)
     assert chunk.positions_read(16, 20) == ()
     full = FullAttentionSpec(block_size=4, **ATTENTION)
-    assert full.positions_read(7, 9) == (range(0, 7),)
+    assert full.positions_read(7, 9) == (range(7),)
     state = MambaSpec(block_size=4, shapes=((3, 2), (2, 2)), dtypes=("float32",) * 2)
     assert state.positions_read(9, 12) == (range(8, 9),)
     assert state.positions_read(0, 3) == ()
