@@ -62,7 +62,7 @@ toc_object_entries_show_parents = "hide"
 nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(collections|typing|types|abc|pathlib|argparse|enum|array|time)\..*"),
-    (r"py:.*", r"(attrs|attr|pluggy|numpy|np|torch)(\..*)?"),
+    (r"py:.*", r"(attrs|attr|pluggy|numpy|np|torch|transformers)(\..*)?"),
     (r"py:.*", r"(Hashable|Sequence|Mapping|Iterable|Iterator|Callable|Any|ClassVar|Final)"),
     (r"py:.*", r"(Self|SpecT|KVCacheEvent|Literal|MambaCacheMode|Path|ndarray)"),
     (r"py:class", r"(int|str|bytes|float|bool|object|type|tuple|list|dict|set|frozenset)"),

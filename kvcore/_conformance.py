@@ -28,6 +28,8 @@ __all__ = ["ConformanceError", "ConformanceReport", "check_plugin"]
 
 #: Longest request of the workloads, in tokens.
 MAX_MODEL_LEN = 1024
+#: Steps starting at each position below this are checked against tokens_read.
+POSITIONS_READ_STARTS = 200
 
 
 class ConformanceError(AssertionError):
@@ -123,6 +125,32 @@ class _Checker:
                         f"disjoint and below the position",
                     )
                 previous = read.stop
+        self._positions_read()
+
+    def _positions_read(self) -> None:
+        """A query reads only what it keeps; a step reads the union of its queries' reads."""
+        spec = self.spec
+        single = [spec.positions_read(p) for p in range(POSITIONS_READ_STARTS + 40)]
+        for position, reads in enumerate(single):
+            kept = {t for r in spec.tokens_read(position) for t in r}
+            if any(t not in kept for r in reads for t in r):
+                raise self.fail(
+                    "tokens_read",
+                    f"positions_read({position}) = {reads!r} reads a position that "
+                    f"tokens_read({position}) = {spec.tokens_read(position)!r} does not keep",
+                )
+        for start in range(POSITIONS_READ_STARTS):
+            for stop in (start + 1, start + 7, start + 40):
+                covered = sorted(
+                    {t for p in range(start, stop) for r in single[p] for t in r if t < start}
+                )
+                got = spec.positions_read(start, stop)
+                if [t for r in got for t in r] != covered or any(len(r) == 0 for r in got):
+                    raise self.fail(
+                        "tokens_read",
+                        f"positions_read({start}, {stop}) = {got!r}, but its queries read "
+                        f"{_describe_positions(covered)} before {start} (positions_read of each)",
+                    )
 
     def skipped_tokens(self, manager: SingleTypeManager[Any]) -> None:
         before = 0
@@ -524,6 +552,17 @@ class _Checker:
             hit_cases=self.hit_cases,
             workload_ops=self.workload_ops,
         )
+
+
+def _describe_positions(positions: list[int]) -> str:
+    """The ``range`` runs of sorted positions, for messages."""
+    runs: list[range] = []
+    for position in positions:
+        if runs and position == runs[-1].stop:
+            runs[-1] = range(runs[-1].start, position + 1)
+        else:
+            runs.append(range(position, position + 1))
+    return ", ".join(map(repr, runs)) or "(none)"
 
 
 def _importable(cls: type) -> bool:

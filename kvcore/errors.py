@@ -46,6 +46,7 @@ __all__ = [
     "ConcurrentUseError",
     "PrefixCachingNotSupportedError",
     "TraceFormatError",
+    "PagedAccessError",
 ]
 
 
@@ -178,3 +179,15 @@ class PrefixCachingNotSupportedError(KVCoreError, TypeError):
 
 class TraceFormatError(KVCoreError, ValueError):
     """A trace cannot be read; the message gives the file, the line and the reason."""
+
+
+class PagedAccessError(KVCoreError, RuntimeError):
+    """A read or write through a block table needed a slot the table does not give.
+
+    Raised by :mod:`kvcore.paging` and the reference kernels when a position
+    lies in a block past the end of the request's table (the manager
+    allocated too few blocks), when its block is the null block (the manager
+    freed, or never kept, a block the layer reads; or a padded row of a batch
+    table), when a block id lies outside the allocated pool, or when a
+    request lacks an input its layer needs (encoder output).
+    """

@@ -11,7 +11,7 @@ Plugins provide kernels through the
 of the same model that uses no cache at all.
 
 Kernels are *strict*: every access goes through :class:`CacheLayer`, which
-raises :class:`PagedAccessError` when a position's block is the null block or
+raises :class:`~kvcore.errors.PagedAccessError` when a position's block is the null block or
 lies past the end of the table, so a bookkeeping bug shows up as an error or
 a mismatch, never as a silently read zero.
 
@@ -35,8 +35,9 @@ from typing import Any
 import attrs
 import torch
 
-from kvcore.errors import KVCoreError
-from kvcore.managers import NULL_BLOCK, SingleTypeManager
+from kvcore import paging
+from kvcore.errors import PagedAccessError
+from kvcore.managers import SingleTypeManager
 from kvcore.specs import AttentionSpec, KVCacheSpec
 
 __all__ = [
@@ -59,16 +60,6 @@ COMPUTE_DTYPE = torch.float64
 
 #: A layer's weights, by name (float64 tensors made by :meth:`ReferenceKernel.init_params`).
 Params = Mapping[str, torch.Tensor]
-
-
-class PagedAccessError(KVCoreError, RuntimeError):
-    """A kernel needed a cache slot its block table does not give it.
-
-    Raised when a position lies in a block past the end of the request's
-    table (the manager allocated too few blocks), when its block is the null
-    block (the manager freed, or never kept, a block the type reads), or when
-    a request lacks an input its layer needs (encoder output).
-    """
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -133,7 +124,7 @@ class CacheLayer:
     Every access names the request it is made for and goes through the
     request's block table: position ``p`` lives in slot ``p % block_size`` of
     block ``table[p // block_size]``. A position past the table, or in the
-    null block, raises :class:`PagedAccessError`.
+    null block, raises :class:`~kvcore.errors.PagedAccessError`.
 
     Attributes:
         name: The layer's name.
@@ -157,30 +148,19 @@ class CacheLayer:
         """Tokens per block of the layer's group."""
         return self.spec.block_size
 
-    def _block(self, table: Sequence[int], index: int, position: int, who: str) -> int:
-        if index < 0 or index >= len(table):
-            msg = (
-                f"layer {self.name!r} (group {self.group_id}): {who} needs position "
-                f"{position}, in block {index} of its block table, which has {len(table)} "
-                "blocks: the manager gave no slot for it"
+    def _positions(self, table: Sequence[int], positions: torch.Tensor, who: str) -> torch.Tensor:
+        """The block of each position (:func:`kvcore.paging.block_ids`), checked."""
+        view = self.views[0]
+        try:
+            return paging.block_ids(
+                torch.as_tensor(table, dtype=torch.int64),
+                positions,
+                self.block_size,
+                num_blocks=view.shape[0],
             )
-            raise PagedAccessError(msg)
-        block = table[index]
-        if block == NULL_BLOCK:
-            msg = (
-                f"layer {self.name!r} (group {self.group_id}): {who} needs position "
-                f"{position}, but entry {index} of its block table is the null block: the "
-                "manager freed, or never kept, a block this layer reads"
-            )
-            raise PagedAccessError(msg)
-        num_blocks = self.views[0].shape[0]
-        if not 0 < block < num_blocks:
-            msg = (
-                f"layer {self.name!r} (group {self.group_id}): {who}'s block table names "
-                f"block {block}, outside the pool's {num_blocks} blocks"
-            )
-            raise PagedAccessError(msg)
-        return block
+        except PagedAccessError as exc:
+            msg = f"layer {self.name!r} (group {self.group_id}), {who}: {exc}"
+            raise PagedAccessError(msg) from None
 
     def read(
         self, table: Sequence[int], start: int, stop: int, *, who: str, part: int = 0
@@ -201,18 +181,10 @@ class CacheLayer:
             PagedAccessError: a position is past the table or in the null block.
         """
         view = self.views[part]
-        size = self.block_size
-        pieces = []
-        position = start
-        while position < stop:
-            index, offset = divmod(position, size)
-            block = self._block(table, index, position, who)
-            end = min(stop - position, size - offset)
-            pieces.append(view[block, offset : offset + end])
-            position += end
-        if not pieces:
-            return torch.empty((0, *view.shape[2:]), dtype=COMPUTE_DTYPE, device=view.device)
-        return torch.cat(pieces).to(COMPUTE_DTYPE)
+        positions = torch.arange(start, max(start, stop), dtype=torch.int64)
+        blocks = self._positions(table, positions, who).to(view.device)
+        offsets = torch.remainder(positions, self.block_size).to(view.device)
+        return view[blocks, offsets].to(COMPUTE_DTYPE)
 
     def write(
         self, table: Sequence[int], start: int, rows: torch.Tensor, *, who: str, part: int = 0
@@ -223,15 +195,15 @@ class CacheLayer:
             PagedAccessError: a position is past the table or in the null block.
         """
         view = self.views[part]
-        size = self.block_size
-        done = 0
-        while done < len(rows):
-            position = start + done
-            index, offset = divmod(position, size)
-            block = self._block(table, index, position, who)
-            count = min(len(rows) - done, size - offset)
-            view[block, offset : offset + count] = rows[done : done + count].to(view.dtype)
-            done += count
+        positions = torch.arange(start, start + len(rows), dtype=torch.int64)
+        blocks = self._positions(table, positions, who).to(view.device)
+        offsets = torch.remainder(positions, self.block_size).to(view.device)
+        view[blocks, offsets] = rows.to(view.dtype)
+
+    def _block_at(self, table: Sequence[int], index: int, who: str) -> int:
+        # Named by the block's last position: a state there is the state after it.
+        position = torch.tensor([(index + 1) * self.block_size - 1], dtype=torch.int64)
+        return int(self._positions(table, position, who)[0])
 
     def read_block(self, table: Sequence[int], index: int, *, who: str) -> tuple[torch.Tensor, ...]:
         """Every page part of block ``table[index]``, copied to float64 (for whole-block states).
@@ -239,7 +211,7 @@ class CacheLayer:
         Raises:
             PagedAccessError: ``index`` is past the table or names the null block.
         """
-        block = self._block(table, index, index * self.block_size, who)
+        block = self._block_at(table, index, who)
         return tuple(view[block].to(COMPUTE_DTYPE, copy=True) for view in self.views)
 
     def write_block(
@@ -250,7 +222,7 @@ class CacheLayer:
         Raises:
             PagedAccessError: ``index`` is past the table or names the null block.
         """
-        block = self._block(table, index, index * self.block_size, who)
+        block = self._block_at(table, index, who)
         for view, value in zip(self.views, parts, strict=True):
             view[block] = value.to(view.dtype)
 
@@ -381,8 +353,14 @@ class TokenRowKernel(ReferenceKernel):
     """
 
     def first_visible(self, spec: KVCacheSpec, position: int) -> int:
-        """The first position the query at ``position`` reads (never decreasing with it)."""
-        return 0
+        """The first position the query at ``position`` reads (never decreasing with it).
+
+        The spec's :meth:`~kvcore.specs.KVCacheSpec.positions_read` for the
+        query alone: 0 for full attention, the window's or the chunk's start,
+        the recorded local spec's for a layer allocated as full attention.
+        """
+        reads = spec.positions_read(position)
+        return reads[0].start if reads else position
 
     def init_params(
         self, spec: KVCacheSpec, hidden_size: int, generator: torch.Generator

@@ -41,6 +41,7 @@ __all__ = [
     "positive_int",
     "optional_positive_int",
     "non_negative_int",
+    "span_read",
 ]
 
 #: Bytes per element of every dtype a spec may use, by canonical name (the
@@ -103,6 +104,49 @@ def dtype_name(value: object) -> str:
 def dtype_size(value: object) -> int:
     """Return the size in bytes of one element of ``value`` (a name or torch dtype)."""
     return DTYPE_SIZES[dtype_name(value)]
+
+
+def _check_step(start: int, stop: int | None) -> int:
+    """``stop`` (default ``start + 1``) after checking that ``[start, stop)`` is a step."""
+    if type(start) is not int or start < 0:
+        msg = f"positions_read: start must be an integer >= 0, got {start!r}"
+        raise ValueError(msg)
+    if stop is None:
+        return start + 1
+    if type(stop) is not int or stop <= start:
+        msg = f"positions_read: stop must be an integer above start ({start}), got {stop!r}"
+        raise ValueError(msg)
+    return stop
+
+
+def _union(ranges: Sequence[range]) -> tuple[range, ...]:
+    """Disjoint, increasing ranges covering exactly the positions of ``ranges``."""
+    merged: list[range] = []
+    for read in sorted(ranges, key=lambda r: r.start):
+        if merged and read.start <= merged[-1].stop:
+            if read.stop > merged[-1].stop:
+                merged[-1] = range(merged[-1].start, read.stop)
+        else:
+            merged.append(read)
+    return tuple(merged)
+
+
+def span_read(start: int, stop: int | None, first: int) -> tuple[range, ...]:
+    """``(range(first, start),)`` clipped to ``[0, start)``, or ``()`` if that is empty.
+
+    The closed form of :meth:`KVCacheSpec.positions_read` for types whose
+    queries read one contiguous span ending at the query, whose first
+    position never decreases along a step (full attention, windows, chunks):
+    the step's first query reads everything the later ones read before it.
+
+    Args:
+        start: The step's first position.
+        stop: One past its last (checked, not otherwise used).
+        first: The first position the query at ``start`` reads.
+    """
+    _check_step(start, stop)
+    first = max(first, 0)
+    return (range(first, start),) if first < start else ()
 
 
 def _field_label(instance: object, attribute: attrs.Attribute[Any]) -> str:
@@ -534,6 +578,39 @@ class KVCacheSpec:
             Disjoint, increasing ranges of token indices, all below ``position``.
         """
         return (range(position),)
+
+    def positions_read(self, start: int, stop: int | None = None) -> tuple[range, ...]:
+        """Cached positions before ``start`` that a step computing ``[start, stop)`` reads.
+
+        What the layer's kernel gathers from the cache, besides the step's own
+        positions (which an attention layer writes and then reads too): the
+        union, below ``start``, of :meth:`tokens_read` over the step's
+        positions. It differs from :meth:`tokens_read` only for a layer
+        allocated for more tokens than it attends to (a window planned as
+        full attention, whose ``compute_spec`` says what it computes):
+        :meth:`tokens_read` is the allocation's rule (what a cache hit needs),
+        this is the computation's. The default evaluates the union exactly,
+        one :meth:`tokens_read` call per position of the step; types with a
+        closed form override it.
+
+        Args:
+            start: The step's first position (the request's computed tokens).
+            stop: One past its last position; default ``start + 1`` (one query).
+
+        Returns:
+            Disjoint, increasing ranges of positions, all below ``start``.
+
+        Raises:
+            ValueError: ``start`` is negative or ``stop`` is not above it.
+        """
+        stop = _check_step(start, stop)
+        covered: list[range] = []
+        for position in range(start, stop):
+            for read in self.tokens_read(position):
+                low, high = read.start, min(read.stop, start)
+                if low < high:
+                    covered.append(range(low, high))
+        return _union(covered)
 
     # -- planning protocol: how layers of this type are grouped and sized ---------------
     # Planning (kvcore.get_kv_cache_groups, kvcore.plan) asks the spec classes

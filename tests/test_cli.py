@@ -62,3 +62,31 @@ def test_the_console_script_is_installed():
     )
     assert out.returncode == 0
     assert out.stdout.startswith("kvcore ")
+
+
+def test_plan_with_num_blocks_and_a_given_length_says_so(capsys):
+    # 20 blocks of 384 KiB (gpt-oss-20b: 24 layers x 16 tokens x 8 heads x 128 x 2 bytes)
+    # = 7.50 MiB; the memory default (80 GiB) sized nothing, and 128 was asked for.
+    assert main(["plan", "gpt-oss-20b", "--num-blocks", "20", "--max-model-len", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "20 blocks given (7.50 MiB), max_model_len 128 (given; model maximum 131072)" in out
+    assert "80.00 GiB" not in out
+    assert "lowered" not in out
+
+
+def test_plan_fitting_the_length_still_notes_it(capsys):
+    assert main(["plan", "gpt-oss-20b", "--memory", "12MiB", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["max_model_len_fitted"] is True
+    assert data["num_blocks_given"] is False
+    assert data["notes"][-1].startswith("max_model_len lowered from the model's 131072 to ")
+
+
+def test_out_of_memory_advice_names_the_batched_tokens_budget(capsys):
+    # 256 tokens: the window group keeps min(127 + 8192, 256) = 256 tokens (16 blocks + 1
+    # for a window starting mid-block), the full group 16, plus the null block: 34 x 384
+    # KiB = 12.75 MiB > 12 MiB. With a budget of 97 the window keeps 224 tokens (14 + 1
+    # blocks): 32 blocks = 12 MiB.
+    assert main(["plan", "gpt-oss-20b", "--memory", "12MiB", "--max-model-len", "256"]) == 2
+    err = capsys.readouterr().err
+    assert "lower max_num_batched_tokens (now 8192) to at most 97" in err

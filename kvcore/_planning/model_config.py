@@ -44,7 +44,12 @@ __all__ = [
     "build_layer_specs",
     "list_models",
     "load_model_config",
+    "model_config_from_dict",
 ]
+
+#: The dtype of a model whose config names none: Hugging Face builds such a
+#: model in float32 (torch's default), so its cache holds float32 too.
+DEFAULT_DTYPE = "float32"
 
 
 @attrs.frozen(kw_only=True)
@@ -158,7 +163,9 @@ class ModelConfig:
             ``max_target_positions`` for encoder-decoder models).
         max_num_encoder_tokens: Encoder tokens per request (encoder-decoder
             models, ``max_source_positions``), else 0.
-        dtype: The model's dtype (canonical name).
+        dtype: The model's dtype (canonical name): the config's ``torch_dtype``
+            or ``dtype``, else float32 (what Hugging Face builds a model in when
+            its config names none).
     """
 
     name: str
@@ -339,14 +346,44 @@ def load_model_config(model: str | Path, registry: Registry | None = None) -> Mo
 
         registry = load_registry()
     name, path = _locate(model)
-    config = _merged_fields(_read_json(path, repr(os.fspath(model))))
+    data = _read_json(path, repr(os.fspath(model)))
+    return model_config_from_dict(data, name=name, source=str(path), registry=registry)
+
+
+def model_config_from_dict(
+    data: Mapping[str, Any],
+    *,
+    name: str,
+    source: str = "<dict>",
+    registry: Registry | None = None,
+) -> ModelConfig:
+    """A model's config from its fields, as :func:`load_model_config` reads them from a file.
+
+    For a config held in memory (a Hugging Face model's ``config.to_dict()``).
+    A config naming no dtype (``torch_dtype`` or ``dtype``) is a float32
+    model, as Hugging Face builds one.
+
+    Args:
+        data: The ``config.json`` fields.
+        name: The model's name, for plans and messages.
+        source: Where the fields came from, for messages.
+        registry: The plugins; default :func:`kvcore.load_registry`.
+
+    Raises:
+        InvalidConfigError, UnknownSpecError: as :func:`load_model_config`.
+    """
+    if registry is None:
+        from kvcore._plugin_loader import load_registry  # the loader imports planning
+
+        registry = load_registry()
+    config = _merged_fields(data)
     module_names = {
         str(kind_name): claim.record.module_name
         for kind_name, claim in registry.claims("kvcore_layer_kinds").items()
     }
-    fields = ModelFields(name=name, source=str(path), config=config, module_names=module_names)
+    fields = ModelFields(name=name, source=source, config=config, module_names=module_names)
     try:
-        dtype = dtype_name(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+        dtype = dtype_name(config.get("torch_dtype") or config.get("dtype") or DEFAULT_DTYPE)
     except ValueError as exc:
         msg = f"{fields._where()}: torch_dtype: {exc}; fix torch_dtype in the config.json"
         raise InvalidConfigError(msg) from None
@@ -362,7 +399,7 @@ def load_model_config(model: str | Path, registry: Registry | None = None) -> Mo
     )
     return ModelConfig(
         name=name,
-        source=str(path),
+        source=source,
         config=MappingProxyType(config),
         layers=layers,
         max_model_len=fields.require_int("max_position_embeddings", "max_target_positions"),

@@ -73,6 +73,10 @@ class KVCachePlan:
         notes: What planning changed to make the layers fit together, one
             sentence each (a raised block size, padded pages, windows
             allocated as full attention, a lowered ``max_model_len``).
+        max_model_len_fitted: ``max_model_len`` was fitted to the memory (not
+            given): the model's, lowered to the longest request that fits.
+        num_blocks_given: The block count was given (``num_blocks``), not
+            derived from ``memory_bytes``, which then sized nothing.
     """
 
     model: str
@@ -87,6 +91,8 @@ class KVCachePlan:
     hybrid: bool
     reference: KVCachePlan | None = None
     notes: tuple[str, ...] = ()
+    max_model_len_fitted: bool = False
+    num_blocks_given: bool = False
 
     @property
     def max_model_len(self) -> int:
@@ -150,7 +156,9 @@ class KVCachePlan:
             "model": self.model,
             "source": self.source,
             "memory_bytes": self.memory_bytes,
+            "num_blocks_given": self.num_blocks_given,
             "max_model_len": self.max_model_len,
+            "max_model_len_fitted": self.max_model_len_fitted,
             "model_max_len": self.model_max_len,
             "max_num_batched_tokens": self.limits.max_num_batched_tokens,
             "max_num_encoder_tokens": self.limits.max_num_encoder_tokens,
@@ -185,14 +193,21 @@ class KVCachePlan:
         for spec in self.layer_specs.values():
             kinds[spec.kind] = kinds.get(spec.kind, 0) + 1
         described = ", ".join(f"{count} {kind}" for kind, count in kinds.items()) or "none"
-        fitted = (
-            "model maximum"
-            if self.max_model_len == self.model_max_len
-            else f"fitted to memory; model maximum {self.model_max_len}"
+        if self.max_model_len == self.model_max_len:
+            fitted = "model maximum"
+        elif self.max_model_len_fitted:
+            fitted = f"fitted to memory; model maximum {self.model_max_len}"
+        else:
+            fitted = f"given; model maximum {self.model_max_len}"
+        size = format_bytes(self.kv_cache_config.size_bytes)
+        memory = (
+            f"{self.num_blocks} blocks given ({size})"
+            if self.num_blocks_given
+            else f"memory {format_bytes(self.memory_bytes)}"
         )
         lines = [
             f"{self.model}: {len(self.layer_specs)} cache layers ({described})",
-            f"memory {format_bytes(self.memory_bytes)}, max_model_len {self.max_model_len} "
+            f"{memory}, max_model_len {self.max_model_len} "
             f"({fitted}), {self.limits.batched_tokens} batched tokens per step, "
             f"{self.kv_cache_config.layout.replace('_', '-')} layout, "
             f"{self.group_size_rule} group size"
@@ -242,6 +257,8 @@ def _notes(
     limits: TokenLimits,
     model_max_len: int,
     hybrid: bool,
+    *,
+    fitted: bool,
 ) -> tuple[str, ...]:
     """One sentence per change planning made to fit the layers together."""
     notes = []
@@ -281,7 +298,7 @@ def _notes(
             f"{count} {kind} layers allocated as {as_kind} because {reason}; their attention "
             "compute is unchanged, their memory savings are lost"
         )
-    if limits.max_model_len < model_max_len:
+    if fitted and limits.max_model_len < model_max_len:
         notes.append(
             f"max_model_len lowered from the model's {model_max_len} to {limits.max_model_len} "
             "tokens, the longest request that fits"
@@ -360,7 +377,8 @@ def plan(
         dtype: KV cache dtype: a plain dtype (``"bfloat16"``, ``"fp8"``, ...)
             or a KV format a selected plugin declares (``"nvfp4"``, or the
             :class:`~kvcore.specs.KVFormat`), for every attention layer whose
-            type stores it; default the model's dtype.
+            type stores it; default the model's (``ModelConfig.dtype``:
+            float32 for a config that names none).
         registry: The plugins to plan with; default :func:`kvcore.load_registry`.
         group_size_rule: ``"reference"`` (the reference engine's layout) or
             ``"gcd"`` (kvcore's layout wasting the least; the plan then also
@@ -479,8 +497,11 @@ def plan(
             hybrid=hybrid,
         )
         result = attrs.evolve(result, reference=reference)
-    notes = _notes(layer_specs, aligned, groups, limits, cfg.max_model_len, hybrid)
-    return attrs.evolve(result, notes=notes)
+    fitted = max_model_len is None
+    notes = _notes(layer_specs, aligned, groups, limits, cfg.max_model_len, hybrid, fitted=fitted)
+    return attrs.evolve(
+        result, notes=notes, max_model_len_fitted=fitted, num_blocks_given=num_blocks is not None
+    )
 
 
 def print_plan(model: str | Path | ModelConfig, **options: Any) -> KVCachePlan:

@@ -124,9 +124,38 @@ def check_fits(
         f"{needed} bytes ({format_bytes(needed)}) of KV cache, including the null block, "
         f"but only {available_memory} bytes ({format_bytes(available_memory)}) are "
         f"available: give at least {format_bytes(needed, round_up=True)} ({needed} bytes), "
-        f"or {hint}"
+        f"or {hint}{_batched_tokens_hint(groups, available_memory, limits)}"
     )
     raise InsufficientMemoryError(msg)
+
+
+def _batched_tokens_hint(
+    groups: Sequence[KVCacheGroupSpec], available_memory: int, limits: TokenLimits
+) -> str:
+    """Advice to lower ``max_num_batched_tokens``, when a smaller step budget would fit.
+
+    Windowed types (sliding windows, chunks) keep a step's tokens beyond the
+    window, so one request's need grows with the budget; with a budget of the
+    whole request a window needs the whole request.
+    """
+    budget = limits.batched_tokens
+    if budget <= 1:
+        return ""
+    smaller = attrs.evolve(limits, max_num_batched_tokens=1)
+    if memory_needed(groups, smaller) > available_memory:
+        return ""
+    low, high = 1, budget - 1  # the largest budget whose request fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        trial = attrs.evolve(limits, max_num_batched_tokens=middle)
+        if memory_needed(groups, trial) <= available_memory:
+            low = middle
+        else:
+            high = middle - 1
+    return (
+        f", or lower max_num_batched_tokens (now {budget}) to at most {low}: windowed layers "
+        "keep one step's tokens beyond their window, so a smaller step budget needs less"
+    )
 
 
 def get_kv_cache_config(

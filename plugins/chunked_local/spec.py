@@ -7,7 +7,15 @@ from typing import ClassVar
 import attrs
 
 from kvcore.errors import InvalidSpecError
-from kvcore.specs import AttentionSpec, FallbackRole, KVCacheSpec, TokenLimits, cdiv, positive_int
+from kvcore.specs import (
+    AttentionSpec,
+    FallbackRole,
+    KVCacheSpec,
+    TokenLimits,
+    cdiv,
+    positive_int,
+    span_read,
+)
 from kvcore_plugins.full_attention import FullAttentionSpec
 
 __all__ = ["ChunkedLocalAttentionSpec"]
@@ -51,6 +59,11 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         """The tokens of ``position``'s chunk before it."""
         chunk = self.attention_chunk_size
         return (range(position // chunk * chunk, position),)
+
+    def positions_read(self, start: int, stop: int | None = None) -> tuple[range, ...]:
+        """The positions of ``start``'s chunk before it (later chunks read nothing before it)."""
+        chunk = self.attention_chunk_size
+        return span_read(start, stop, start // chunk * chunk)
 
     # The reference engine never promotes chunked layers to make pages fit,
     # but engines without the hybrid manager allocate them as full attention.

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import attrs
 
-from kvcore.specs import AttentionSpec, TokenLimits
+from kvcore.specs import AttentionSpec, TokenLimits, span_read
 
 __all__ = ["CrossAttentionSpec"]
 
@@ -24,3 +24,7 @@ class CrossAttentionSpec(AttentionSpec):
     def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
         """One page per block of the longest encoder input."""
         return self.pages_for_tokens(limits.max_num_encoder_tokens) * self.page_size_bytes
+
+    def positions_read(self, start: int, stop: int | None = None) -> tuple[range, ...]:
+        """Every encoder position before ``start`` (the decoder reads all of them)."""
+        return span_read(start, stop, 0)

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import attrs
 
 from kvcore.errors import InvalidSpecError
-from kvcore.specs import ALL_TOKENS_KEY, AttentionSpec, KVCacheSpec, TokenLimits
+from kvcore.specs import ALL_TOKENS_KEY, AttentionSpec, KVCacheSpec, TokenLimits, span_read
 
 __all__ = ["FullAttentionSpec"]
 
@@ -70,6 +70,18 @@ class FullAttentionSpec(AttentionSpec):
     def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
         """One page per block of a ``max_model_len``-token request."""
         return self.pages_for_tokens(limits.max_model_len) * self.page_size_bytes
+
+    def positions_read(self, start: int, stop: int | None = None) -> tuple[range, ...]:
+        """Every position before ``start``; what :attr:`compute_spec` reads, when one is set.
+
+        A window or chunk allocated as full attention keeps every block
+        (:meth:`tokens_read` stays every earlier token, the rule its cache
+        hits follow) but still computes its own attention, so its kernel reads
+        what the recorded spec reads.
+        """
+        if self.compute_spec is not None:
+            return self.compute_spec.positions_read(start, stop)
+        return span_read(start, stop, 0)
 
     attends_to_all_tokens: ClassVar[bool] = True
 

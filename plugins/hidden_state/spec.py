@@ -7,7 +7,14 @@ from typing import ClassVar
 
 import attrs
 
-from kvcore.specs import ALL_TOKENS_KEY, AttentionSpec, FallbackRole, TokenLimits, non_negative_int
+from kvcore.specs import (
+    ALL_TOKENS_KEY,
+    AttentionSpec,
+    FallbackRole,
+    TokenLimits,
+    non_negative_int,
+    span_read,
+)
 
 __all__ = ["HiddenStateCacheSpec"]
 
@@ -29,6 +36,10 @@ class HiddenStateCacheSpec(AttentionSpec):
     def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
         """One page per block of a ``max_model_len``-token request."""
         return self.pages_for_tokens(limits.max_model_len) * self.page_size_bytes
+
+    def positions_read(self, start: int, stop: int | None = None) -> tuple[range, ...]:
+        """Every position before ``start``."""
+        return span_read(start, stop, 0)
 
     attends_to_all_tokens: ClassVar[bool] = True
     keeps_own_group: ClassVar[bool] = True

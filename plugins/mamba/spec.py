@@ -15,6 +15,7 @@ from kvcore.specs import (
     cdiv,
     dtype_name,
     non_negative_int,
+    span_read,
 )
 
 __all__ = ["MambaSpec"]
@@ -124,6 +125,10 @@ class MambaSpec(KVCacheSpec):
     def tokens_read(self, position: int) -> tuple[range, ...]:
         """The state after the token before ``position`` (held by that token's block)."""
         return (range(position - 1, position),) if position > 0 else ()
+
+    def positions_read(self, start: int, stop: int | None = None) -> tuple[range, ...]:
+        """The state after ``start`` tokens (later positions read states the step computes)."""
+        return span_read(start, stop, start - 1)
 
     page_size_follows_block_size: ClassVar[bool] = False
 

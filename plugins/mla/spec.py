@@ -16,6 +16,7 @@ from kvcore.specs import (
     TokenLimits,
     non_negative_int,
     positive_int,
+    span_read,
 )
 
 __all__ = ["CACHE_DTYPE_BYTES_PER_TOKEN", "MLAAttentionSpec"]
@@ -66,6 +67,10 @@ class MLAAttentionSpec(AttentionSpec):
     def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
         """One page per block of a ``max_model_len``-token request."""
         return self.pages_for_tokens(limits.max_model_len) * self.page_size_bytes
+
+    def positions_read(self, start: int, stop: int | None = None) -> tuple[range, ...]:
+        """Every position before ``start``."""
+        return span_read(start, stop, 0)
 
     attends_to_all_tokens: ClassVar[bool] = True
     # MLA kernels (FlashMLA and the like) work on blocks of 64 tokens.

@@ -7,7 +7,7 @@ from typing import ClassVar
 import attrs
 
 from kvcore.errors import InvalidSpecError
-from kvcore.specs import AttentionSpec, TokenLimits, positive_int
+from kvcore.specs import AttentionSpec, TokenLimits, positive_int, span_read
 
 __all__ = ["SinkFullAttentionSpec"]
 
@@ -45,6 +45,10 @@ class SinkFullAttentionSpec(AttentionSpec):
     def max_memory_usage_bytes(self, limits: TokenLimits) -> int:
         """One page per block of a ``max_model_len``-token request (sinks excluded)."""
         return self.pages_for_tokens(limits.max_model_len) * self.page_size_bytes
+
+    def positions_read(self, start: int, stop: int | None = None) -> tuple[range, ...]:
+        """Every position before ``start`` (the sinks are in reserved blocks, not the table)."""
+        return span_read(start, stop, 0)
 
     # Not ALL_TOKENS_KEY: a group's spec decides whether sinks are reserved, so
     # these layers keep their own tables (the default key includes sink_len).

@@ -6,7 +6,15 @@ from typing import ClassVar
 
 import attrs
 
-from kvcore.specs import AttentionSpec, FallbackRole, KVCacheSpec, TokenLimits, cdiv, positive_int
+from kvcore.specs import (
+    AttentionSpec,
+    FallbackRole,
+    KVCacheSpec,
+    TokenLimits,
+    cdiv,
+    positive_int,
+    span_read,
+)
 from kvcore_plugins.full_attention import FullAttentionSpec
 
 __all__ = ["SlidingWindowSpec"]
@@ -39,6 +47,10 @@ class SlidingWindowSpec(AttentionSpec):
     def tokens_read(self, position: int) -> tuple[range, ...]:
         """The ``sliding_window - 1`` tokens before ``position`` (the query is the last)."""
         return (range(max(0, position - self.sliding_window + 1), position),)
+
+    def positions_read(self, start: int, stop: int | None = None) -> tuple[range, ...]:
+        """The ``sliding_window - 1`` positions before ``start``: the first query reads the most."""
+        return span_read(start, stop, start - self.sliding_window + 1)
 
     full_allocation_fallback: ClassVar[FallbackRole] = "promotable"
     # Allocated for every token (compute unchanged) by engines without the

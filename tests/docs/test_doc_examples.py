@@ -33,6 +33,9 @@ def test_the_integration_guide_loop_is_one_of_the_blocks_run(built_docs: BuiltDo
     assert len(loop) == 1, "the scheduler loop is not a Python block of the guide"
     for call in ("get_computed_blocks(", "allocate_slots(", "free(", "block_table("):
         assert any(call in text for text in python), call
+    # The model runner addresses the cache through kvcore.paging, not by hand.
+    for call in ("paging.block_table_tensor(", "paging.scatter(", "paging.gather("):
+        assert any(call in text for text in python), call
     for call in ("allocate_kv_cache(", "take_events(", "reset_prefix_cache("):
         assert any(call in text for text in python), call
     assert sum(b.is_output for b in page_blocks) >= 7

@@ -101,8 +101,8 @@ def test_fractional_head_counts(tmp_path, field):
 
 def test_integral_floats_are_whole_numbers(tmp_path):
     p = kvcore.plan(write(tmp_path, num_key_value_heads=2.0), memory="1GiB", registry=registry())
-    # 16 tokens x 2 KV heads x (64 + 64) x 2 bytes (bfloat16)
-    assert p.groups[0].page_sizes == (8192,)
+    # 16 tokens x 2 KV heads x (64 + 64) x 4 bytes (float32: the config names no dtype)
+    assert p.groups[0].page_sizes == (16384,)
 
 
 def test_a_hidden_size_the_heads_do_not_divide(tmp_path):
@@ -288,3 +288,14 @@ def test_a_state_follows_the_attention_block_size_only_when_its_class_says_so():
     assert aligned["align"].block_size == 32
     assert aligned["none"].block_size == 16
     assert aligned["align"].page_size_bytes == aligned["none"].page_size_bytes == 8192
+
+
+def test_a_config_without_a_dtype_is_planned_in_float32_as_transformers_builds_it(tmp_path):
+    # transformers builds a model whose config names no dtype in float32 (torch's
+    # default); its cache must hold float32 too, not bfloat16.
+    cfg = kvcore.load_model_config(write(tmp_path), registry=registry())
+    assert cfg.dtype == "float32"
+    p = kvcore.plan(write(tmp_path), memory="1GiB", registry=registry())
+    assert p.kv_cache_config.kv_cache_groups[0].kv_cache_spec.dtype == "float32"
+    named = kvcore.plan(write(tmp_path, torch_dtype="bfloat16"), memory="1GiB", registry=registry())
+    assert named.kv_cache_config.kv_cache_groups[0].kv_cache_spec.dtype == "bfloat16"

@@ -99,6 +99,8 @@ def write_config(tmp_path, **fields) -> str:
         "num_attention_heads": 4,
         "hidden_size": 256,
         "max_position_embeddings": 1024,
+        # The page sizes below are worked out for 2-byte elements.
+        "torch_dtype": "bfloat16",
     }
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**base, **fields}))
