@@ -95,7 +95,7 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None) -> bool:
         f"allocations, {kinds[4]} frees, {kinds[5]} preemptions"
     )
     candidates: dict[str, Callable[[], Callable[[], Replay]]] = {}
-    for algorithm in kvcore.HASH_ALGORITHMS:
+    for algorithm in kvcore.hashing.HASH_ALGORITHMS:
         if kvcore_hash_available(algorithm):
             candidates[f"kvcore, {algorithm}"] = _kvcore_run(rec, algorithm)
         else:
@@ -239,9 +239,9 @@ def bench_memory(args: argparse.Namespace, vllm: Any | None) -> None:
     )
     print_load()
     print(f"  {'implementation':<28}{'build s':>9}{'fresh B/block':>15}{'aged B/block':>14}")
-    rows = [("kvcore, sha256 hashes", lambda: kvcore.BlockPool(n), "sha256")]
-    rows.append(("kvcore, 16-byte hashes", lambda: kvcore.BlockPool(n), "xxh3_128"))
-    rows.append(("kvcore, fast (int) hashes", lambda: kvcore.BlockPool(n), "fast"))
+    rows = [("kvcore, sha256 hashes", lambda: kvcore.managers.BlockPool(n), "sha256")]
+    rows.append(("kvcore, 16-byte hashes", lambda: kvcore.managers.BlockPool(n), "xxh3_128"))
+    rows.append(("kvcore, fast (int) hashes", lambda: kvcore.managers.BlockPool(n), "fast"))
     parts: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
     for label, make, algorithm in rows:
         secs, fresh, pool = traced_bytes(make)

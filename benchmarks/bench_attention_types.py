@@ -269,7 +269,7 @@ def plain_scan(
     bs = spec.block_size
     needed = max(-(-(spec.sliding_window - 1) // bs) + use_eagle, 1)
     max_blocks = max_length // bs
-    out = [[kvcore.NULL_BLOCK] * max_blocks for _ in group_ids]
+    out = [[kvcore.managers.NULL_BLOCK] * max_blocks for _ in group_ids]
     count = 0
     keep = -1
     for i in range(max_blocks - 1, -1, -1):
@@ -361,10 +361,10 @@ def bench_sliding_window_lookup(args: argparse.Namespace, vllm: Any | None) -> b
         hashes = [hashlib.sha256(b"%d" % i).digest() for i in range(n)]
         for pattern in PATTERNS:
             cached = cached_pattern(pattern, n, args.density, random.Random(num_tokens))
-            pool = kvcore.BlockPool(n + 1)
+            pool = kvcore.managers.BlockPool(n + 1)
             request = kvcore.Request("lookup", [0] * num_tokens)
             request.block_hashes.extend(hashes)
-            table = [kvcore.NULL_BLOCK] * n
+            table = [kvcore.managers.NULL_BLOCK] * n
             for i in range(n):
                 if cached[i]:
                     table[i] = pool.get_new_blocks(1)[0]

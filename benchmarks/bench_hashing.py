@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         tokens = [(i * 2654435761) % 151_936 for i in range(num_tokens)]
         calls = max(1, 16_384 // num_tokens)  # >= 1,024 blocks per sample
         jobs: dict[str, Callable[[], Callable[[], int]]] = {}
-        for algorithm in kvcore.HASH_ALGORITHMS:
+        for algorithm in kvcore.hashing.HASH_ALGORITHMS:
             if kvcore_hash_available(algorithm):
                 jobs[f"kvcore {algorithm}"] = kvcore_job(algorithm, tokens, bs)
         jobs["blake2b-128 (stdlib)"] = chained_job(

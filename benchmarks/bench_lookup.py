@@ -29,7 +29,7 @@ def lookup_cost(
     specs: list[kvcore.specs.KVCacheSpec], cached: int, prompt: int, args: argparse.Namespace
 ) -> tuple[int, float]:
     """Tokens hit and best CPU seconds per lookup of a ``prompt``-token request."""
-    registry = kvcore.registry_from_layer_types(
+    registry = kvcore.registry.registry_from_layer_types(
         [
             kvcore.LayerType(FullAttentionSpec, FullAttentionManager),
             kvcore.LayerType(SlidingWindowSpec, SlidingWindowManager),

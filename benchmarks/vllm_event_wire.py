@@ -66,7 +66,7 @@ def vllm_batch() -> KVEventBatch:
 
 def kvcore_events(group: int, kind: str | None) -> list:
     return [
-        kvcore.BlockStored(
+        kvcore.events.BlockStored(
             block_hashes=[11, 12],
             parent_block_hash=None,
             token_ids=[1, 2, 3, 4],
@@ -74,7 +74,7 @@ def kvcore_events(group: int, kind: str | None) -> list:
             group_idx=group,
             kind=kind,
         ),
-        kvcore.BlockStored(
+        kvcore.events.BlockStored(
             block_hashes=[DIGEST],
             parent_block_hash=12,
             token_ids=[5, 6],
@@ -84,8 +84,8 @@ def kvcore_events(group: int, kind: str | None) -> list:
             group_idx=group,
             kind=kind,
         ),
-        kvcore.BlockRemoved(block_hashes=[11, 12], group_idx=group),
-        kvcore.AllBlocksCleared(),
+        kvcore.events.BlockRemoved(block_hashes=[11, 12], group_idx=group),
+        kvcore.events.AllBlocksCleared(),
     ]
 
 

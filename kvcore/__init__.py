@@ -1,173 +1,66 @@
 """kvcore: the paged KV cache of hybrid LLMs, one plugin per attention type.
 
+The names here are what most users need: the engine-facing manager and its
+requests, the cache it manages, one call to plan it, and the plugins serving
+it. Everything else lives in the module it belongs to: :mod:`kvcore.planning`
+(every step of planning), :mod:`kvcore.registry` (plugin selection),
+:mod:`kvcore.errors`, :mod:`kvcore.events`, :mod:`kvcore.hashing`,
+:mod:`kvcore.specs` and :mod:`kvcore.managers` (for plugin authors),
+:mod:`kvcore.eviction`, :mod:`kvcore.hookspecs`, and :mod:`kvcore.testing`,
+:mod:`kvcore.cluster`, :mod:`kvcore.paging`, :mod:`kvcore.reference`,
+:mod:`kvcore.executor` and :mod:`kvcore.integrations`, imported on demand.
+
 Importing kvcore loads no plugin and does not import torch or numpy; plugins
 are loaded when a registry is built (:func:`load_registry`).
 """
 
 from __future__ import annotations
 
-from kvcore import errors, eviction, hookspecs, managers, specs
-from kvcore._block_pool import NULL_BLOCK, BlockPool, Transaction
+from kvcore import errors as errors
+from kvcore import events as events
+from kvcore import eviction as eviction
+from kvcore import hashing as hashing
+from kvcore import hookspecs as hookspecs
+from kvcore import managers as managers
+from kvcore import planning as planning
+from kvcore import registry as registry
+from kvcore import specs as specs
 from kvcore._config import KVCacheConfig, KVCacheGroupSpec, KVCacheLayout, KVCacheTensor
-from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvcore._eviction.registry import available_eviction_policies
-from kvcore._hashing import HASH_ALGORITHMS, BlockHasher
 from kvcore._kv_cache_manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
 from kvcore._planning.allocate import KVCacheBuffers, allocate_kv_cache
-from kvcore._planning.fields import ConfigFields
-from kvcore._planning.grouping import get_kv_cache_groups
-from kvcore._planning.layer_config import LayerConfig, LayerKind, PlanOption
-from kvcore._planning.memory import parse_memory
-from kvcore._planning.model_config import (
-    ModelConfig,
-    ModelFields,
-    ModelLayer,
-    build_layer_specs,
-    list_models,
-    load_model_config,
-)
-from kvcore._planning.plan import KVCachePlan, plan, print_plan
-from kvcore._planning.report import GroupReport
-from kvcore._planning.sizing import (
-    estimate_max_model_len,
-    fit_max_model_len,
-    get_kv_cache_config,
-    get_kv_cache_configs,
-    max_concurrency,
-)
-from kvcore._plugin_loader import (
-    ENTRY_POINT_GROUP,
-    ENV_DISABLE_PLUGINS,
-    ENV_PLUGINS,
-    PluginSelection,
-    load_registry,
-    load_selection,
-)
-from kvcore._registry import (
-    Claim,
-    HookCall,
-    LayerType,
-    PluginInfo,
-    Registry,
-    registry_from_layer_types,
-)
+from kvcore._planning.plan import KVCachePlan, plan
+from kvcore._plugin_loader import load_registry
+from kvcore._plugin_types import LayerType
+from kvcore._registry import Registry
 from kvcore._request import MultiModalFeature, Request
-from kvcore._utils import format_bytes
-from kvcore.errors import (
-    DoubleFreeError,
-    HookImplementationError,
-    InsufficientMemoryError,
-    InvalidBlockError,
-    InvalidCacheHitError,
-    InvalidConfigError,
-    InvalidRequestError,
-    InvalidSpecError,
-    KVCoreError,
-    OutOfBlocksError,
-    PluginConflictError,
-    PluginError,
-    PluginLoadError,
-    PluginNotFoundError,
-    PoolTooLargeError,
-    PrefixCachingNotSupportedError,
-    RequestStateError,
-    RequestTooLongError,
-    TraceFormatError,
-    UnknownEvictionPolicyError,
-    UnknownSpecError,
-)
 from kvcore.hookspecs import hookimpl
 
 #: The version of this kvcore (PEP 440).
 __version__ = "0.1.0.dev0"
 
 __all__ = [
-    # engine-facing
+    # the engine-facing manager and what it serves
     "KVCacheManager",
     "KVCacheBlocks",
     "PrefixCacheStats",
     "Request",
     "MultiModalFeature",
+    # the cache it manages
     "KVCacheConfig",
     "KVCacheGroupSpec",
     "KVCacheTensor",
     "KVCacheLayout",
-    # planning
+    # planning one (the rest: kvcore.planning)
     "plan",
-    "print_plan",
     "KVCachePlan",
-    "GroupReport",
-    "get_kv_cache_groups",
-    "get_kv_cache_config",
-    "get_kv_cache_configs",
-    "estimate_max_model_len",
-    "fit_max_model_len",
-    "max_concurrency",
     "allocate_kv_cache",
     "KVCacheBuffers",
-    "list_models",
-    "load_model_config",
-    "ModelConfig",
-    "ModelFields",
-    "ConfigFields",
-    "ModelLayer",
-    "LayerConfig",
-    "LayerKind",
-    "PlanOption",
-    "build_layer_specs",
-    "parse_memory",
-    "format_bytes",
-    "BlockPool",
-    "NULL_BLOCK",
-    "Transaction",
-    "available_eviction_policies",
-    "BlockHasher",
-    "HASH_ALGORITHMS",
-    # events
-    "BlockStored",
-    "BlockRemoved",
-    "AllBlocksCleared",
-    "KVCacheEvent",
-    # plugins
-    "hookimpl",
-    "LayerType",
-    "PluginInfo",
-    "Claim",
-    "HookCall",
-    "Registry",
-    "PluginSelection",
+    # plugins (the rest: kvcore.registry)
     "load_registry",
-    "load_selection",
-    "registry_from_layer_types",
-    "ENTRY_POINT_GROUP",
-    "ENV_PLUGINS",
-    "ENV_DISABLE_PLUGINS",
-    # errors
-    "errors",
-    "eviction",
-    "hookspecs",
-    "managers",
-    "specs",
-    "KVCoreError",
-    "PluginError",
-    "PluginLoadError",
-    "PluginNotFoundError",
-    "PluginConflictError",
-    "HookImplementationError",
-    "UnknownSpecError",
-    "UnknownEvictionPolicyError",
-    "InvalidSpecError",
-    "InvalidConfigError",
-    "InsufficientMemoryError",
-    "PoolTooLargeError",
-    "InvalidRequestError",
-    "RequestTooLongError",
-    "RequestStateError",
-    "InvalidCacheHitError",
-    "InvalidBlockError",
-    "DoubleFreeError",
-    "OutOfBlocksError",
-    "PrefixCachingNotSupportedError",
-    "TraceFormatError",
+    "Registry",
+    "LayerType",
+    "hookimpl",
+    "available_eviction_policies",
     "__version__",
 ]

@@ -366,7 +366,7 @@ class BlockPool:
         """Take ``num_blocks`` blocks from the head of the free queue, ref count 1.
 
         A taken block that was still cached is evicted first (its hash leaves
-        the map; with events on, a :class:`BlockRemoved` is queued).
+        the map; with events on, a :class:`~kvcore.events.BlockRemoved` is queued).
 
         Raises:
             InvalidBlockError: ``num_blocks`` is not an integer >= 0.
@@ -643,7 +643,7 @@ class BlockPool:
 
         Each block gets the request's hash for its position (viewed at
         ``block_size``); null blocks are skipped. With events on, queues one
-        :class:`BlockStored` for the whole range.
+        :class:`~kvcore.events.BlockStored` for the whole range.
 
         Args:
             request: The request the blocks belong to; its ``block_hashes``
@@ -850,7 +850,7 @@ class BlockPool:
         """Forget every cached block, if no request holds a block.
 
         Returns:
-            ``True`` if the cache was cleared (an :class:`AllBlocksCleared`
+            ``True`` if the cache was cleared (an :class:`~kvcore.events.AllBlocksCleared`
             event is queued), ``False`` if some block is still in use; then
             nothing changes.
         """

@@ -47,10 +47,11 @@ from typing import Any, Final
 import attrs
 
 from kvcore._eviction.registry import BUILTIN_POLICIES, SIMULATOR_ONLY_POLICIES
-from kvcore._planning.layer_config import LayerKind, PlanOption
 from kvcore._plugin_calls import call_plugin
+from kvcore._plugin_types import LayerKind, LayerType, PlanOption
 from kvcore.errors import HookImplementationError, PluginConflictError
 from kvcore.eviction import EvictionPolicy, EvictionPolicyFactory, PoolInfo
+from kvcore.specs import KVCacheSpec
 
 __all__ = [
     "COLLECTED_HOOKS",
@@ -99,9 +100,6 @@ def bad_result(plugin: str, hook: str, expected: str, got: object) -> HookImplem
 
 
 def _layer_types(plugin: str, result: object) -> tuple[Any, ...]:
-    # Imported here: the registry module imports this one.
-    from kvcore._registry import LayerType
-
     expected = "a non-empty list of kvcore.LayerType"
     if not isinstance(result, list | tuple) or not result:
         raise bad_result(plugin, "kvcore_layer_types", expected, result)
@@ -116,7 +114,9 @@ def _layer_types(plugin: str, result: object) -> tuple[Any, ...]:
 
 
 def _layer_kinds(plugin: str, result: object) -> tuple[LayerKind, ...]:
-    expected = "a non-empty list of kvcore.LayerKind (or a mapping of kind names to builders)"
+    expected = (
+        "a non-empty list of kvcore.planning.LayerKind (or a mapping of kind names to builders)"
+    )
     if isinstance(result, Mapping):
         if not result or not all(isinstance(k, str) and callable(v) for k, v in result.items()):
             raise bad_result(plugin, "kvcore_layer_kinds", expected, result)
@@ -130,7 +130,7 @@ def _layer_kinds(plugin: str, result: object) -> tuple[LayerKind, ...]:
 
 
 def _plan_options(plugin: str, result: object) -> tuple[PlanOption, ...]:
-    expected = "a non-empty list of kvcore.PlanOption"
+    expected = "a non-empty list of kvcore.planning.PlanOption"
     if not isinstance(result, list | tuple) or not result:
         raise bad_result(plugin, "kvcore_plan_options", expected, result)
     if not all(isinstance(item, PlanOption) for item in result):
@@ -147,18 +147,13 @@ def _implementations(plugin: str, result: object) -> tuple[Any, ...]:
 
 
 def _reference_kernels(plugin: str, result: object) -> tuple[tuple[type[Any], Any], ...]:
-    # Imported here: kvcore.reference imports torch, and this hook is only
-    # gathered when an executor is built.
-    from kvcore.reference import ReferenceKernel
-    from kvcore.specs import KVCacheSpec
-
+    # That each kernel is a ReferenceKernel is checked by the executor, which
+    # gathers this hook (kernels import torch; the registry does not).
     ok = (
         isinstance(result, Mapping)
         and bool(result)
         and all(
-            isinstance(spec, type)
-            and issubclass(spec, KVCacheSpec)
-            and isinstance(kernel, ReferenceKernel)
+            isinstance(spec, type) and issubclass(spec, KVCacheSpec) and kernel is not None
             for spec, kernel in result.items()
         )
     )

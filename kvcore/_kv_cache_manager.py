@@ -12,6 +12,24 @@ The boundary is guarded: every public method checks its arguments (O(1), or
 O(blocks it adopts)) and either completes or changes nothing. The changes
 of one call run in a transaction of the block pool: if a plugin manager
 raises half-way, the pool and every block table are restored exactly.
+
+The tokens of a request, as :meth:`KVCacheManager.allocate_slots` sees them::
+
+    | computed | new_computed | external | new | lookahead |
+               |<----------- to be allocated ------------->|
+               |<--- cached after this call --->|
+
+An allocation takes one route. A running request's decode step that stays
+within every group's :meth:`~kvcore.managers.SingleTypeManager.steady_until`
+(and completes no block for the hasher) changes nothing and returns at once.
+Any other call has its counts, lengths and hit checked, then, in one
+transaction: the blocks no longer read are freed, the blocks needed are
+counted against the free ones (``None`` if they do not fit), the hit and the
+external tokens' blocks are adopted, the table grows, and the full blocks are
+cached. Every group's hit blocks are taken before any group allocates, so one
+group's allocation (for external tokens) never takes a block another group
+is about to adopt; the reference engine adopts group by group and can hand
+one block to two groups.
 """
 
 from __future__ import annotations
@@ -311,27 +329,11 @@ class KVCacheManager:
     ) -> KVCacheBlocks | None:
         """Give a request slots for its next tokens, or change nothing and return None.
 
-        Token layout of the request::
-
-            | computed | new_computed | external | new | lookahead |
-                       |<----------- to be allocated ------------->|
-                       |<--- cached after this call --->|
-
-        Blocks that fell out of a windowed type's attention window are freed
-        first (even if the allocation then fails: they are not needed either
-        way). Then the exact number of blocks needed is compared with the
-        free blocks; if it does not fit, nothing else changes and ``None`` is
-        returned.
-
-        A new request adopts its cache hit here. Every group's hit blocks are
-        taken before any group allocates, so that one group's allocation (for
-        external tokens) never takes a block another group is about to adopt.
-        The reference engine adopts group by group and can hand one block to
-        two groups.
-
-        Every argument is checked before anything changes, and the changes
-        run in a transaction of the pool: if a plugin manager raises half-way,
-        the pool and every block table are restored and the error goes on.
+        Blocks that fell out of a windowed type's window are freed first (even
+        if the allocation then fails: nobody needs them); then the exact
+        number of blocks needed is compared with the free blocks. A new
+        request adopts its cache hit here. See the module documentation for
+        the token layout and the route a call takes.
 
         Args:
             request: The request.

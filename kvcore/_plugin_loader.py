@@ -1,7 +1,7 @@
 """Plugin selection and loading: entry points → pluggy → :class:`Registry`.
 
 Nothing happens at import time and there is no global plugin manager: every
-call of :func:`load_registry` builds its own pluggy ``PluginManager`` from an
+call of :func:`~kvcore.load_registry` builds its own pluggy ``PluginManager`` from an
 explicit selection, so two engines in one process can use different plugins.
 That plugin manager is the only one: every hook is collected through it once
 (:mod:`kvcore._hook_collection` lists them) and what the hooks returned is
@@ -316,7 +316,7 @@ def load_registry(
 def load_selection(
     selection: PluginSelection, *, plugins: Mapping[str, object] | None = None
 ) -> Registry:
-    """Load the plugins of ``selection``; see :func:`load_registry`."""
+    """Load the plugins of ``selection``; see :func:`~kvcore.load_registry`."""
     both = (selection.only or frozenset()) & selection.disable
     if both:
         msg = f"plugins {', '.join(sorted(both))} are both selected and disabled"

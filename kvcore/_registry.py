@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Generic
+from typing import Any
 
 import attrs
 
@@ -25,34 +25,18 @@ from kvcore._hook_collection import (
     collected_hook,
 )
 from kvcore._kv_formats import DeclaredFormat, collect_kv_formats, resolve_cache_dtype
-from kvcore._planning.layer_config import LayerKind, PlanOption
 from kvcore._plugin_calls import call_plugin, how_to_disable
+from kvcore._plugin_types import LayerKind, LayerType, PlanOption
 from kvcore.errors import (
     HookImplementationError,
     InvalidConfigError,
     PluginConflictError,
     UnknownSpecError,
 )
-from kvcore.managers import SingleTypeManager, SpecT
+from kvcore.managers import SingleTypeManager
 from kvcore.specs import KVCacheSpec, KVFormat
 
 __all__ = ["Claim", "HookCall", "LayerType", "PluginInfo", "Registry", "registry_from_layer_types"]
-
-
-@attrs.frozen
-class LayerType(Generic[SpecT]):
-    """An attention type a plugin provides: a spec class and the manager serving it.
-
-    Attributes:
-        spec: The spec class (a subclass of :class:`kvcore.specs.KVCacheSpec`).
-            Lookups use this exact class: a subclass is not served unless it is
-            registered too.
-        manager: The manager class (a subclass of
-            :class:`kvcore.managers.SingleTypeManager`).
-    """
-
-    spec: type[SpecT]
-    manager: type[SingleTypeManager[SpecT]]
 
 
 def _read_only_records(value: Mapping[str, tuple[Any, ...]]) -> Mapping[str, tuple[Any, ...]]:
@@ -110,7 +94,7 @@ class PluginInfo:
 
 @attrs.frozen
 class Claim:
-    """One record a plugin claimed under a key (see :meth:`Registry.claims`).
+    """One record a plugin claimed under a key (see :meth:`kvcore.Registry.claims`).
 
     Attributes:
         record: What the plugin's hook returned for the key.
@@ -428,7 +412,7 @@ class Registry:
 
     @property
     def layer_kinds(self) -> Mapping[str, Claim]:
-        """Layer kind name → claim (a :class:`~kvcore.LayerKind` and its plugin).
+        """Layer kind name → claim (a :class:`~kvcore.planning.LayerKind` and its plugin).
 
         Only the kinds' own names; aliases resolve through :meth:`layer_kind`.
         """
@@ -446,7 +430,7 @@ class Registry:
 
     @property
     def plan_options(self) -> Mapping[str, Claim]:
-        """``"<plugin>.<option>"`` → claim (a :class:`~kvcore.PlanOption` and its plugin)."""
+        """``"<plugin>.<option>"`` → claim (a :class:`~kvcore.planning.PlanOption`, its plugin)."""
         return MappingProxyType(
             {
                 f"{plugin.name}.{option.name}": Claim(option, plugin)

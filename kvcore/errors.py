@@ -15,7 +15,7 @@ The families, by who has to act:
 * :class:`InvalidRequestError` — one call about one request (an engine can
   drop that request and carry on serving the others).
 * :class:`InvalidBlockError`, :class:`DoubleFreeError`,
-  :class:`OutOfBlocksError` — direct use of the :class:`~kvcore.BlockPool`
+  :class:`OutOfBlocksError` — direct use of the :class:`~kvcore.managers.BlockPool`
   (plugin managers, tools); the engine-facing manager never lets them out.
 
 The errors page of the documentation lists when each is raised.

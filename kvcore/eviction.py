@@ -3,7 +3,7 @@
 A free block that still carries a prefix-cache hash can be revived by a cache
 hit; taking it for a new allocation evicts it. So the order in which free
 blocks are taken decides which cached prefixes survive. The
-:class:`~kvcore.BlockPool` owns one policy object and asks it, and only it,
+:class:`~kvcore.managers.BlockPool` owns one policy object and asks it, and only it,
 for that order; nothing else reads or reorders the free blocks.
 
 The pool keeps reference counts, the prefix-cache map and the count of free
@@ -16,7 +16,7 @@ blocks. The policy keeps the free set and chooses victims. The pool tells it:
 * :meth:`~EvictionPolicy.revive`: a free block was hit and is in use again;
 * :meth:`~EvictionPolicy.hit`: a request adopted cached blocks (free or not);
 * :meth:`~EvictionPolicy.forget`: blocks lost their hash without being taken
-  (:meth:`~kvcore.BlockPool.evict_blocks`, a prefix-cache reset);
+  (:meth:`~kvcore.managers.BlockPool.evict_blocks`, a prefix-cache reset);
 * :meth:`~EvictionPolicy.take`: hand out ``n`` free blocks (the pool then
   drops the hashes of those that were cached).
 

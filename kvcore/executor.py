@@ -47,14 +47,14 @@ from kvcore._exec.engine import (
 )
 from kvcore._exec.executor import Executor, Scheduled
 from kvcore._exec.kernels import reference_kernels
-from kvcore._exec.model import ModelLayer, ReferenceModel
+from kvcore._exec.model import ReferenceLayer, ReferenceModel
 from kvcore._exec.oracle import dense_outputs
 from kvcore._exec.report import ExecutionReport, Mismatch
 from kvcore._exec.tiny import tiny_model_path, tiny_models
 
 __all__ = [
     "ReferenceModel",
-    "ModelLayer",
+    "ReferenceLayer",
     "Executor",
     "Scheduled",
     "ExecutionReport",

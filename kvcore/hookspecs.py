@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pluggy
 
-from kvcore._planning.layer_config import LayerBuilder, LayerKind, PlanOption
-from kvcore._planning.model_config import ModelFields, ModelLayer
-from kvcore._registry import LayerType
+from kvcore._plugin_types import LayerBuilder, LayerKind, LayerType, ModelLayer, PlanOption
 from kvcore.eviction import EvictionPolicyFactory
 from kvcore.specs import KVCacheSpec
 
 if TYPE_CHECKING:
+    from kvcore._planning.model_config import ModelFields
     from kvcore.reference import ReferenceKernel
 
 __all__ = [
@@ -99,11 +98,11 @@ def kvcore_layer_types() -> Sequence[LayerType[Any]]:  # type: ignore[empty-body
 def kvcore_layer_kinds() -> Sequence[LayerKind] | Mapping[str, LayerBuilder]:  # type: ignore[empty-body]
     """Return the layer kinds this plugin builds specs for, from a model's ``config.json``.
 
-    Planning a model (:func:`kvcore.plan`, :func:`kvcore.build_layer_specs`)
+    Planning a model (:func:`kvcore.plan`, :func:`kvcore.planning.build_layer_specs`)
     gives every layer that holds a cache a *layer kind*: the entry of the
     config's ``layer_types`` list, or the kind a plugin derived from the
     config (:func:`kvcore_model_layers`). For each layer kvcore calls the
-    builder of its kind with a :class:`~kvcore.LayerConfig` and uses the spec
+    builder of its kind with a :class:`~kvcore.planning.LayerConfig` and uses the spec
     it returns. A type with one kind names it after the type (its spec's
     ``kind``); ``LayerKind.aliases`` lists the names model
     configs use for it (Hugging Face's ``"sliding_attention"``).
@@ -115,9 +114,9 @@ def kvcore_layer_kinds() -> Sequence[LayerKind] | Mapping[str, LayerBuilder]:  #
     :class:`~kvcore.errors.UnknownSpecError` listing the kinds claimed.
 
     Returns:
-        :class:`~kvcore.LayerKind` records (at least one), or a mapping of
+        :class:`~kvcore.planning.LayerKind` records (at least one), or a mapping of
         kind names to builders (kinds without aliases). A builder takes the
-        layer's :class:`~kvcore.LayerConfig` and returns its spec; it reads
+        layer's :class:`~kvcore.planning.LayerConfig` and returns its spec; it reads
         the config through ``LayerConfig.require_int`` and friends, whose
         errors name the model, the file and the field.
 
@@ -126,7 +125,7 @@ def kvcore_layer_kinds() -> Sequence[LayerKind] | Mapping[str, LayerBuilder]:  #
 
             from kvcore_plugins.sliding_window import SlidingWindowSpec
 
-            def build(layer: kvcore.LayerConfig) -> SlidingWindowSpec:
+            def build(layer: kvcore.planning.LayerConfig) -> SlidingWindowSpec:
                 return SlidingWindowSpec(
                     block_size=layer.block_size,
                     num_kv_heads=layer.num_kv_heads,
@@ -137,7 +136,8 @@ def kvcore_layer_kinds() -> Sequence[LayerKind] | Mapping[str, LayerBuilder]:  #
 
             @kvcore.hookimpl
             def kvcore_layer_kinds():
-                return [kvcore.LayerKind("sliding_window", build, aliases=("sliding_attention",))]
+                kind = kvcore.planning.LayerKind
+                return [kind("sliding_window", build, aliases=("sliding_attention",))]
 
     Used by the built-in plugins, e.g. ``kvcore_plugins.sliding_window.model_config``.
 
@@ -149,7 +149,7 @@ def kvcore_layer_kinds() -> Sequence[LayerKind] | Mapping[str, LayerBuilder]:  #
 def kvcore_model_layers(model: ModelFields) -> Sequence[ModelLayer] | None:
     """Derive the cache-holding layers of a model from its config, if this plugin knows how.
 
-    Called when a model config is loaded (:func:`kvcore.load_model_config`,
+    Called when a model config is loaded (:func:`kvcore.planning.load_model_config`,
     :func:`kvcore.plan`), in pluggy's order (``tryfirst`` implementations
     first, ``trylast`` ones last); the **first** result other than ``None``
     wins. When every implementation returns ``None``, the config's own
@@ -160,11 +160,11 @@ def kvcore_model_layers(model: ModelFields) -> Sequence[ModelLayer] | None:
     for a config that lists ``layer_types`` unless your fields change what
     its kinds mean. Implementations are kept when the registry is built;
     whatever one raises comes out naming the plugin (kvcore's own errors,
-    raised by :class:`~kvcore.ModelFields`' readers, pass through).
+    raised by :class:`~kvcore.planning.ModelFields`' readers, pass through).
 
     Args:
         model: The config's fields, with readers whose errors name the file
-            and the field, and :meth:`~kvcore.ModelFields.decoder_layers` to
+            and the field, and :meth:`~kvcore.planning.ModelFields.decoder_layers` to
             name one layer per decoder layer.
 
     Returns:
@@ -200,12 +200,12 @@ def kvcore_plan_options() -> Sequence[PlanOption]:  # type: ignore[empty-body]
     name and the value (``PlanOption.choices``) before any layer
     is built, then hands each builder its plugin's values in
     ``LayerConfig.options`` (read them with
-    :meth:`~kvcore.LayerConfig.option`). ``kvcore plugins`` lists them.
+    :meth:`~kvcore.planning.LayerConfig.option`). ``kvcore plugins`` lists them.
 
     Called once per plugin when a registry is built.
 
     Returns:
-        :class:`~kvcore.PlanOption` records (at least one, names unique).
+        :class:`~kvcore.planning.PlanOption` records (at least one, names unique).
 
     Example:
         .. code-block:: python
@@ -213,7 +213,9 @@ def kvcore_plan_options() -> Sequence[PlanOption]:  # type: ignore[empty-body]
             @kvcore.hookimpl
             def kvcore_plan_options():
                 return [
-                    kvcore.PlanOption(name="cache_mode", default="align", choices=("align", "none"))
+                    kvcore.planning.PlanOption(
+                        name="cache_mode", default="align", choices=("align", "none")
+                    )
                 ]
 
     Used by ``kvcore_plugins.mamba`` (``cache_mode``).

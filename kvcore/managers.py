@@ -12,7 +12,7 @@ registry is built (:func:`kvcore.load_registry`).
 
 The hit search reads the prefix cache only through
 :class:`~kvcore.managers.CachedBlockLookup` (two methods), so it can run
-against anything that implements them: the engine's :class:`~kvcore.BlockPool`,
+against anything that implements them: the engine's :class:`~kvcore.managers.BlockPool`,
 or a view of another engine's cached blocks.
 
 Block ids are plain ``int``; block 0 is the null block (``NULL_BLOCK``),
@@ -24,7 +24,7 @@ logging and per-call allocation of helper objects.
 
 Every operation of the engine-facing manager either completes or changes
 nothing: when a manager raises half-way, the pool undoes its own changes and
-the changes recorded with :meth:`BlockPool.record <kvcore.BlockPool.record>`.
+the changes recorded with :meth:`BlockPool.record <kvcore.managers.BlockPool.record>`.
 The base-class methods record every change they make to ``req_to_blocks`` and
 ``num_cached_block``; a subclass that changes them itself records its
 changes the same way.
@@ -45,19 +45,20 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Hashable, MutableMapping, Sequence
-from typing import Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, NamedTuple, Protocol
 
-from kvcore._block_pool import BlockPool
+from kvcore._block_pool import BlockPool, Transaction
 from kvcore._blocks import NULL_BLOCK
 from kvcore._hashing import BlockHashView
 from kvcore._request import Request
 from kvcore._utils import cdiv
 from kvcore.errors import InvalidCacheHitError, RequestStateError
-from kvcore.specs import KVCacheSpec
+from kvcore.specs import SpecT
 
 __all__ = [
     "NULL_BLOCK",
     "BlockPool",
+    "Transaction",
     "BlockHashView",
     "CachedBlockLookup",
     "HitQuery",
@@ -66,8 +67,6 @@ __all__ = [
     "PrefixManager",
 ]
 
-#: The spec type a manager class serves.
-SpecT = TypeVar("SpecT", bound=KVCacheSpec)
 
 _MISSING: Any = object()
 
@@ -120,7 +119,7 @@ def _without_leading_nulls(table: list[int]) -> list[int]:
 class CachedBlockLookup(Protocol):
     """What a cache-hit search may ask of the prefix cache: the lookup protocol.
 
-    :class:`~kvcore.BlockPool` implements it; so can any object that knows
+    :class:`~kvcore.managers.BlockPool` implements it; so can any object that knows
     which blocks are cached under which hash (a view of another engine's
     cache, a test double). A lookup never changes anything. A class that
     subclasses this protocol explicitly inherits :meth:`match_prefix` written
@@ -213,7 +212,7 @@ class SingleTypeManager(Generic[SpecT]):
     Attributes:
         spec: The group's spec.
         block_size: ``spec.block_size``, tokens per block.
-        block_pool: The shared :class:`~kvcore.BlockPool`.
+        block_pool: The shared :class:`~kvcore.managers.BlockPool`.
         kv_cache_group_id: Index of the group in the KV cache config.
         enable_caching: Whether prefix caching is on.
         null_block: The null block id (0).

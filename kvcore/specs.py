@@ -17,7 +17,7 @@ import functools
 import itertools
 import re
 from collections.abc import Hashable, Sequence
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Final, Literal, TypeVar
 
 import attrs
 
@@ -37,6 +37,7 @@ __all__ = [
     "ALL_TOKENS_KEY",
     "KIND_PATTERN",
     "KVCacheSpec",
+    "SpecT",
     "AttentionSpec",
     "positive_int",
     "optional_positive_int",
@@ -613,7 +614,7 @@ class KVCacheSpec:
         return _union(covered)
 
     # -- planning protocol: how layers of this type are grouped and sized ---------------
-    # Planning (kvcore.get_kv_cache_groups, kvcore.plan) asks the spec classes
+    # Planning (kvcore.planning.get_kv_cache_groups, kvcore.plan) asks the spec classes
     # every type-specific question, so the core never names an attention type.
 
     #: The layer keeps every token of the request (full attention, MLA, ...).
@@ -750,6 +751,10 @@ class KVCacheSpec:
         if self.page_size_follows_block_size:
             return attrs.evolve(self, block_size=block_size)
         return self
+
+
+#: A spec type: what a manager class serves, a layer type registers.
+SpecT = TypeVar("SpecT", bound=KVCacheSpec)
 
 
 @attrs.frozen(kw_only=True)

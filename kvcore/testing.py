@@ -72,7 +72,7 @@ def admit(
 def check_manager_invariants(manager: KVCacheManager) -> None:
     """Check the pool's and the managers' bookkeeping against each other.
 
-    * the pool's own invariants (:meth:`~kvcore.BlockPool.check_invariants`:
+    * the pool's own invariants (:meth:`~kvcore.managers.BlockPool.check_invariants`:
       the free count matches the free queue, which has no cycle, every
       cache-map entry matches its block);
     * every block's reference count equals the number of block tables (over

@@ -8,14 +8,15 @@ from hypothesis import strategies as st
 from protocol_adapters import rolled_back
 
 import kvcore
-from kvcore import BlockPool, Request
+from kvcore import Request
 from kvcore._events import BlockRemoved
 from kvcore.errors import DoubleFreeError, InvalidConfigError, OutOfBlocksError
+from kvcore.managers import BlockPool
 
 
 def cached_request(tokens: list[int], block_size: int) -> Request:
     request = Request("r", tokens)
-    kvcore.BlockHasher(block_size).update(request)
+    kvcore.hashing.BlockHasher(block_size).update(request)
     return request
 
 
@@ -163,13 +164,15 @@ def test_reset_prefix_cache_only_when_nothing_is_in_use():
     assert pool.reset_prefix_cache()
     assert pool.num_cached_blocks() == 0
     assert pool.get_cached_block(request.block_hashes[0], [0]) is None
-    assert pool.take_events() == [kvcore.AllBlocksCleared()]
+    assert pool.take_events() == [kvcore.events.AllBlocksCleared()]
     pool.check_invariants()
 
 
 def test_evict_blocks_rejects_foreign_ids():
     pool = BlockPool(4)
-    with pytest.raises(kvcore.InvalidBlockError, match=r"block 9 is not a block of this pool"):
+    with pytest.raises(
+        kvcore.errors.InvalidBlockError, match=r"block 9 is not a block of this pool"
+    ):
         pool.evict_blocks([9])
 
 
@@ -266,7 +269,8 @@ def test_caching_past_the_requests_hashes_is_a_request_error():
     request = cached_request(list(range(9)), 4)
     blocks = pool.get_new_blocks(3)
     with pytest.raises(
-        kvcore.InvalidRequestError, match="request 'r' has hashes for 2 blocks, cannot cache 3"
+        kvcore.errors.InvalidRequestError,
+        match="request 'r' has hashes for 2 blocks, cannot cache 3",
     ):
         pool.cache_full_blocks(request, blocks, 0, 3, 4, 0)
     assert pool.num_cached_blocks() == 0
@@ -389,7 +393,7 @@ def test_a_public_method_that_fails_changes_nothing():
     pool = BlockPool(8)
     blocks = pool.get_new_blocks(3)
     before = pool.free_block_ids()
-    with pytest.raises(kvcore.DoubleFreeError):
+    with pytest.raises(kvcore.errors.DoubleFreeError):
         pool.free_blocks([blocks[0], blocks[1], blocks[0]])
     assert pool.free_block_ids() == before
     assert [pool.ref_count(b) for b in blocks] == [1, 1, 1]

@@ -38,7 +38,9 @@ def toy(**fields: Any) -> ToySpec:
 
 
 def registry_of(spec: type[KVCacheSpec], manager: type[SingleTypeManager[Any]]) -> kvcore.Registry:
-    return kvcore.registry_from_layer_types([kvcore.LayerType(spec, manager)], name="broken")
+    return kvcore.registry.registry_from_layer_types(
+        [kvcore.LayerType(spec, manager)], name="broken"
+    )
 
 
 def refused(spec: type[KVCacheSpec], manager: type[SingleTypeManager[Any]]) -> str:
@@ -75,7 +77,7 @@ def test_two_classes_may_not_share_one_kind():
         pass  # inherits kind "toy"
 
     with pytest.raises(PluginConflictError) as info:
-        kvcore.registry_from_layer_types(
+        kvcore.registry.registry_from_layer_types(
             [kvcore.LayerType(ToySpec, ToyManager), kvcore.LayerType(SameKind, ToyManager)]
         )
     message = str(info.value)
@@ -142,13 +144,13 @@ def test_promotion_needs_a_class_that_allocates_for_others():
 
 def test_promotion_to_a_class_no_plugin_serves_is_refused_when_the_registry_is_built():
     with pytest.raises(UnknownSpecError) as info:
-        kvcore.registry_from_layer_types(
+        kvcore.registry.registry_from_layer_types(
             [kvcore.LayerType(SlidingWindowSpec, SlidingWindowManager)]
         )
     message = str(info.value)
     assert "plugin 'inline' needs the plugin serving" in message
     assert "kvcore_plugins.full_attention.spec.FullAttentionSpec" in message
-    registry = kvcore.registry_from_layer_types(
+    registry = kvcore.registry.registry_from_layer_types(
         [
             kvcore.LayerType(SlidingWindowSpec, SlidingWindowManager),
             kvcore.LayerType(FullAttentionSpec, FullAttentionManager),
@@ -170,7 +172,7 @@ def test_a_forgotten_uniform_type_key_keeps_different_windows_apart():
     assert small.uniform_type_key != large.uniform_type_key
     # Head sizes change only the page: still one table.
     assert attrs.evolve(small, head_size=8).uniform_type_key == small.uniform_type_key
-    groups = kvcore.get_kv_cache_groups({"a": small, "b": large})
+    groups = kvcore.planning.get_kv_cache_groups({"a": small, "b": large})
     assert [g.layer_names for g in groups] == [("a",), ("b",)]
 
 
@@ -258,7 +260,7 @@ def test_a_declared_remove_skipped_blocks_is_called_for_every_allocation():
             table = self.req_to_blocks.get(request_id, [])
             if total_computed_tokens >= 12 and len(table) > 1 and table[1]:
                 self.block_pool.free_blocks([table[1]])
-                table[1] = kvcore.NULL_BLOCK
+                table[1] = kvcore.managers.NULL_BLOCK
 
         def steady_until(self, request_id: str, num_computed_tokens: int) -> int:
             return num_computed_tokens  # every step the full way
@@ -281,7 +283,7 @@ def test_a_declared_remove_skipped_blocks_is_called_for_every_allocation():
 
 
 def test_the_query_object_is_immutable_and_read_by_name():
-    query: HitQuery[ToySpec] = HitQuery(["a"], 8, [0], kvcore.BlockPool(2), toy())
+    query: HitQuery[ToySpec] = HitQuery(["a"], 8, [0], kvcore.managers.BlockPool(2), toy())
     assert (query.use_eagle, query.alignment_tokens) == (False, 1)
     assert query.no_hit() == ([],)
     with pytest.raises(AttributeError):
@@ -317,7 +319,7 @@ def test_every_hit_search_runs_against_a_lookup_that_is_not_a_pool():
 
 
 def test_a_pool_and_a_plain_lookup_give_the_same_hits():
-    pool = kvcore.BlockPool(6)
+    pool = kvcore.managers.BlockPool(6)
     request = kvcore.Request("r", list(range(16)))
     request.block_hashes.extend(["a", "b", "c", "d"])
     blocks = pool.get_new_blocks(4)
@@ -353,10 +355,12 @@ def test_the_page_size_is_derived_from_the_page_parts():
     spec = TwoParts(block_size=8)  # part a: 8 x 3 x 2 = 48 bytes; part b ends at 64 + 8
     assert (spec.real_page_size_bytes, spec.page_size_bytes) == (72, 72)
     assert TwoParts(block_size=8, page_size_padded=80).page_size_bytes == 80
-    with pytest.raises(kvcore.InvalidSpecError, match=r"page_size_padded \(70 bytes\) is smaller"):
+    with pytest.raises(
+        kvcore.errors.InvalidSpecError, match=r"page_size_padded \(70 bytes\) is smaller"
+    ):
         TwoParts(block_size=8, page_size_padded=70)
     overlap = r"part 'b' \(bytes 64-72\) overlaps part 'a'"
-    with pytest.raises(kvcore.InvalidSpecError, match=overlap):
+    with pytest.raises(kvcore.errors.InvalidSpecError, match=overlap):
         TwoParts(block_size=40)  # part a now ends at byte 240
 
 
@@ -368,7 +372,9 @@ def test_an_attention_page_must_grow_by_whole_bytes_per_token():
         def page_parts(self) -> tuple[PagePart, ...]:
             return (PagePart(name="kv", offset=0, shape=(self.block_size + 1,), dtype="uint8"),)
 
-    with pytest.raises(kvcore.InvalidSpecError, match="not a whole number of bytes for each of"):
+    with pytest.raises(
+        kvcore.errors.InvalidSpecError, match="not a whole number of bytes for each of"
+    ):
         Odd(block_size=4, num_kv_heads=1, head_size=2, dtype="float32")
 
 

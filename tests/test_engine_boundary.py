@@ -22,7 +22,7 @@ from kvcore.errors import (
 )
 from kvcore.testing import admit, check_manager_invariants, snapshot
 
-NULL = kvcore.NULL_BLOCK
+NULL = kvcore.managers.NULL_BLOCK
 
 
 @pytest.fixture(scope="module")
@@ -368,10 +368,10 @@ def test_freeing_a_request_that_holds_no_blocks_is_a_no_op(manager):
 
 
 def test_a_block_freed_below_zero_is_still_an_error():
-    pool = kvcore.BlockPool(5)
+    pool = kvcore.managers.BlockPool(5)
     pool.get_new_blocks(1)
     pool.free_blocks([1])
-    with pytest.raises(kvcore.DoubleFreeError, match="block 1 was freed more often"):
+    with pytest.raises(kvcore.errors.DoubleFreeError, match="block 1 was freed more often"):
         pool.free_blocks([1])
 
 
@@ -524,7 +524,7 @@ def test_a_null_block_passes_where_the_type_does_not_read(builtin_registry):
         sink_tokens=4,
         sliding_window=8,
     )
-    registry = kvcore.registry_from_layer_types(
+    registry = kvcore.registry.registry_from_layer_types(
         [kvcore.LayerType(streaming.StreamingSpec, streaming.StreamingManager)]
     )
     manager = kvcore.KVCacheManager(

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 import kvcore
-from kvcore import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored, Request
+from kvcore import Request
+from kvcore.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvcore.managers import BlockPool
 from kvcore.testing import admit
 
 
@@ -47,7 +49,7 @@ def test_stored_event_names_the_logical_parent_even_after_a_null_block():
     # Scenario 35: block size 1, tokens [10, 11, 12, 13], table [b, NULL, b', b''].
     pool = BlockPool(5, enable_kv_cache_events=True)
     request = Request("r", [10, 11, 12, 13])
-    kvcore.BlockHasher(1).update(request)
+    kvcore.hashing.BlockHasher(1).update(request)
     b, b2, b3 = pool.get_new_blocks(3)
     pool.cache_full_blocks(request, [b, 0, b2, b3], 2, 4, 1, 0)
     (event,) = pool.take_events()
@@ -78,7 +80,7 @@ def test_removed_events_carry_the_group(group):
         group_kinds=["full_attention", "sliding_window", "mamba"],
     )
     request = Request("r", list(range(8)))
-    kvcore.BlockHasher(4).update(request)
+    kvcore.hashing.BlockHasher(4).update(request)
     blocks = pool.get_new_blocks(4)
     pool.cache_full_blocks(request, blocks, 0, 2, 4, group)
     stored = pool.take_events()[-1]

@@ -493,9 +493,9 @@ def test_admitted_blocks_follow_the_rule_block_by_block(
 @pytest.mark.parametrize("policy", ["admit", "frequency", "cost"])
 def test_a_double_free_met_mid_table_changes_nothing(policy: str) -> None:
     """A freed table with a block already at count 0: nothing is released, the queue unchanged."""
-    pool = kvcore.BlockPool(12, eviction=policy)
+    pool = kvcore.managers.BlockPool(12, eviction=policy)
     request = Request("a", list(range(24)))
-    kvcore.BlockHasher(4).update(request)
+    kvcore.hashing.BlockHasher(4).update(request)
     table = pool.get_new_blocks(6)
     pool.cache_full_blocks(request, table, 0, 6, 4, 0)  # cached: a valued run
     pool.free_blocks([table[1]])  # freed behind the table's back
@@ -506,7 +506,7 @@ def test_a_double_free_met_mid_table_changes_nothing(policy: str) -> None:
     )
     # Released last block first: table[5] .. table[2] reach 0, then table[1]
     # has no count left.
-    with pytest.raises(kvcore.DoubleFreeError, match=f"block {table[1]} "):
+    with pytest.raises(kvcore.errors.DoubleFreeError, match=f"block {table[1]} "):
         pool.free_blocks(table[::-1])
     after = (
         [pool.ref_count(block) for block in range(12)],

@@ -263,10 +263,10 @@ def test_the_pool_reaches_every_policy_through_one_free_queue_interface():
     """Built-in policies are free queues; any other policy is driven through the protocol."""
     assert isinstance(ReferenceLRU(4), EvictionPolicy)
     for name in kvcore.available_eviction_policies():
-        pool = kvcore.BlockPool(8, eviction=name)
+        pool = kvcore.managers.BlockPool(8, eviction=name)
         assert isinstance(pool._queue, FreeQueue), name
         assert not isinstance(pool._queue, PolicyDriver), name
-    third_party = kvcore.BlockPool(8, eviction=lambda info: ReferenceLRU(info.num_blocks))
+    third_party = kvcore.managers.BlockPool(8, eviction=lambda info: ReferenceLRU(info.num_blocks))
     assert isinstance(third_party._queue, PolicyDriver)
     assert isinstance(third_party._queue, FreeQueue)
     assert isinstance(third_party._queue.policy, ReferenceLRU)
@@ -464,7 +464,7 @@ def test_credit_queues_take_a_never_allocated_block_out_of_the_fresh_run():
 @pytest.mark.parametrize("policy", ["lru", "admit", "frequency", "cost", "example"])
 def test_every_policy_accepts_a_touch_of_a_never_allocated_block(policy):
     eviction = _example_module().NewestFirst if policy == "example" else policy
-    pool = kvcore.BlockPool(8, eviction=eviction)
+    pool = kvcore.managers.BlockPool(8, eviction=eviction)
     pool.touch([5])  # nobody allocated block 5: it is taken out of the free set
     pool.check_invariants()
     assert pool.get_num_free_blocks() == 6

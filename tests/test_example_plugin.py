@@ -61,8 +61,8 @@ def test_disabled_it_is_named_as_the_plugin_to_enable():
 def test_its_page_is_what_torch_allocates():
     """Formerly a 512-byte page part for a 128-byte page: a storage out-of-bounds error."""
     layer_specs = {"a": spec(), "b": spec()}
-    groups = kvcore.get_kv_cache_groups(layer_specs)
-    config = kvcore.get_kv_cache_config(groups, 0, num_blocks=8)
+    groups = kvcore.planning.get_kv_cache_groups(layer_specs)
+    config = kvcore.planning.get_kv_cache_config(groups, 0, num_blocks=8)
     buffers = kvcore.allocate_kv_cache(config)
     view = buffers["a"]
     # 16 / 4 = 4 vectors per block, 2 heads, 64 + 64 elements.

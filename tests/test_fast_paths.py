@@ -44,7 +44,7 @@ def always_full_route(base: type) -> type:
     return AlwaysFullRoute
 
 
-SLOW_REGISTRY = kvcore.registry_from_layer_types(
+SLOW_REGISTRY = kvcore.registry.registry_from_layer_types(
     [
         kvcore.LayerType(spec=FullAttentionSpec, manager=always_full_route(FullAttentionManager)),
         kvcore.LayerType(spec=SlidingWindowSpec, manager=always_full_route(SlidingWindowManager)),
@@ -72,7 +72,7 @@ def make(specs: list[Any], fast: bool, **kwargs: Any) -> KVCacheManager:
 def outcome(call: Any) -> object:
     try:
         result = call()
-    except kvcore.KVCoreError as error:
+    except kvcore.errors.KVCoreError as error:
         return ("raised", type(error).__name__)
     if isinstance(result, kvcore.KVCacheBlocks):
         return result.get_block_ids()
@@ -221,8 +221,12 @@ def test_a_manager_changing_a_decode_rule_must_say_when_its_next_change_comes() 
 
     refused = r"overrides allocate_new_blocks .* steady_until"
     with pytest.raises(HookImplementationError, match=refused):
-        kvcore.registry_from_layer_types([kvcore.LayerType(spec=FullAttentionSpec, manager=Roomy)])
-    kvcore.registry_from_layer_types([kvcore.LayerType(spec=FullAttentionSpec, manager=Declared)])
+        kvcore.registry.registry_from_layer_types(
+            [kvcore.LayerType(spec=FullAttentionSpec, manager=Roomy)]
+        )
+    kvcore.registry.registry_from_layer_types(
+        [kvcore.LayerType(spec=FullAttentionSpec, manager=Declared)]
+    )
 
 
 def test_free_queues_the_tail_first_and_skips_shared_blocks() -> None:
@@ -259,7 +263,7 @@ def test_free_detects_a_double_free_and_changes_nothing() -> None:
     assert window_table[0] == 0
     manager.block_pool.free_blocks([window_table[-1]])
     before = snapshot(manager)
-    with pytest.raises(kvcore.DoubleFreeError, match=f"block {window_table[-1]} "):
+    with pytest.raises(kvcore.errors.DoubleFreeError, match=f"block {window_table[-1]} "):
         manager.free(request)
     assert snapshot(manager) == before
     assert manager.block_pool.ref_count(0) == 0
@@ -283,7 +287,7 @@ def test_free_detects_a_double_free_and_changes_nothing() -> None:
 )
 def test_free_table_releases_every_block_of_any_shape(shape: str, expected_tail: str) -> None:
     """Nulls (0), shared (s) and unique (b) blocks: the unique ones join the tail, last first."""
-    pool = kvcore.BlockPool(8)
+    pool = kvcore.managers.BlockPool(8)
     assert pool.get_new_blocks(4) == [1, 2, 3, 4]  # position i may hold block i + 1
     table = [0 if kind == "0" else i + 1 for i, kind in enumerate(shape)]
     for block in range(1, 5):
@@ -304,11 +308,11 @@ def test_free_table_releases_every_block_of_any_shape(shape: str, expected_tail:
 
 def test_free_table_double_free_after_released_blocks_changes_nothing() -> None:
     """A double free at the head, met after the tail was already linked: all restored."""
-    pool = kvcore.BlockPool(8)
+    pool = kvcore.managers.BlockPool(8)
     table = pool.get_new_blocks(4)
     pool.free_blocks([table[0]])  # freed behind the table's back
     before = full_pool_state(pool)
-    with pytest.raises(kvcore.DoubleFreeError, match=f"block {table[0]} "):
+    with pytest.raises(kvcore.errors.DoubleFreeError, match=f"block {table[0]} "):
         pool.free_blocks(table[::-1])
     assert full_pool_state(pool) == before
     assert pool.ref_count(0) == 0
@@ -317,9 +321,9 @@ def test_free_table_double_free_after_released_blocks_changes_nothing() -> None:
 
 def test_a_hit_waiting_as_one_run_is_revived_in_one_step_and_undone_exactly() -> None:
     """A freed request's blocks wait as one run (last first); a hit on them unlinks the run."""
-    pool = kvcore.BlockPool(12)
+    pool = kvcore.managers.BlockPool(12)
     request = Request("a", list(range(20)))
-    kvcore.BlockHasher(4).update(request)
+    kvcore.hashing.BlockHasher(4).update(request)
     table = pool.get_new_blocks(5)
     pool.cache_full_blocks(request, table, 0, 5, 4, 0)
     pool.get_new_blocks(2)  # blocks 6 and 7 stay held
@@ -340,7 +344,7 @@ def test_a_hit_waiting_as_one_run_is_revived_in_one_step_and_undone_exactly() ->
     pool.check_invariants()
 
 
-def full_pool_state(pool: kvcore.BlockPool) -> tuple[object, ...]:
+def full_pool_state(pool: kvcore.managers.BlockPool) -> tuple[object, ...]:
     return (
         tuple(pool.ref_count(b) for b in range(pool.num_blocks)),
         tuple(pool.free_block_ids()),
@@ -357,17 +361,17 @@ def test_a_running_step_that_raises_changes_nothing(
     request = Request("a", list(range(40)))
     manager.allocate_slots(request, 40)
     request.num_computed_tokens = 40
-    original = getattr(kvcore.BlockPool, fail_in)
+    original = getattr(kvcore.managers.BlockPool, fail_in)
     armed = [False]
     calls = [0]
 
-    def failing(self: kvcore.BlockPool, *args: Any) -> Any:
+    def failing(self: kvcore.managers.BlockPool, *args: Any) -> Any:
         if armed[0]:
             calls[0] += 1
             raise RuntimeError("injected")
         return original(self, *args)
 
-    monkeypatch.setattr(kvcore.BlockPool, fail_in, failing)
+    monkeypatch.setattr(kvcore.managers.BlockPool, fail_in, failing)
     # Every step of 40 tokens allocates (4-token blocks), caches and moves the
     # window past a block now and then: the injected fault fires in each kind.
     raised = 0

@@ -217,3 +217,34 @@ def test_allocations_during_a_compaction_take_the_swept_part_first_and_roll_back
     assert list(queue) == model == [0, 3]
     assert sum(queue._stale) == queue._num_stale
     assert queue.take(2) == [0, 3]
+
+
+def test_a_block_revived_from_the_swept_part_and_freed_again_keeps_its_new_place():
+    """Its stale entry is in the swept part; the sweep must not drop its new, live one.
+
+    The sweep kept 0 and 1 (the swept part comes first); 0 is then hit and
+    freed again, so its live entry is at the tail of the list. Sweeping on
+    (more hits of 3) reaches that entry: it is 0's live one, and the order
+    stays that of a plain list (found by the model test below; the queue used
+    to drop the entry and hand 0 out from the head).
+    """
+    queue = SweepsTwoEntriesACall(4)
+    model = [0, 1, 2, 3]
+    queue.take(4)
+    queue.release([0, 1, 2, 3])
+    for _ in range(5):  # five stale entries of 3: the sweep starts and keeps 0 and 1
+        queue.revive([3])
+        queue.release([3])
+    model = [0, 1, 2, 3]
+    assert queue._swept == [0, 1]
+    queue.revive([0])
+    queue.release([0])
+    model = [1, 2, 3, 0]
+    assert list(queue) == model
+    for _ in range(6):  # the sweep goes on to the tail, past 0's live entry
+        queue.revive([3])
+        queue.release([3])
+        model = [*[b for b in model if b != 3], 3]
+        assert list(queue) == model
+    assert queue._swept is None  # the sweep ended
+    assert queue.take(4) == model

@@ -133,19 +133,24 @@ class FreeQueueAgainstAModel(RuleBasedStateMachine):
     def stale_counts_add_up(self) -> None:
         queue = self.queue
         swept = queue._swept[queue._swept_head :] if queue._swept is not None else []
-        pending = swept + queue._queue[queue._head :]
-        assert sum(queue._stale) == queue._num_stale
-        # A block's entries ahead of the head: its stale ones, plus one if free.
+        listed = queue._queue[queue._head :]
+        stale_swept = sum(queue._swept_stale.values())
+        assert sum(queue._stale) + stale_swept == queue._num_stale
+        # A block's entries ahead of the head, in each part: its stale ones
+        # there, plus its live one if it is free and waits there.
         for block in range(NUM_BLOCKS):
-            live = 1 if block in self.model and queue.was_ever_taken(block) else 0
-            assert pending.count(block) == queue._stale[block] + live
+            live = block in self.model and queue.was_ever_taken(block)
+            in_swept = block in queue._swept_live
+            assert not in_swept or live
+            assert swept.count(block) == queue._swept_stale[block] + in_swept
+            assert listed.count(block) == queue._stale[block] + (live and not in_swept)
 
 
 class SlowSweepAgainstAModel(FreeQueueAgainstAModel):
     queue_class = SlowSweepQueue
 
 
-FreeQueueAgainstAModel.TestCase.settings = settings(max_examples=300, stateful_step_count=40)
-SlowSweepAgainstAModel.TestCase.settings = settings(max_examples=300, stateful_step_count=40)
+FreeQueueAgainstAModel.TestCase.settings = settings(max_examples=600, stateful_step_count=50)
+SlowSweepAgainstAModel.TestCase.settings = settings(max_examples=600, stateful_step_count=50)
 test_free_queue_against_a_model = FreeQueueAgainstAModel.TestCase
 test_a_slowly_swept_queue_against_a_model = SlowSweepAgainstAModel.TestCase

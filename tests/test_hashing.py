@@ -10,7 +10,7 @@ import sys
 import pytest
 from extra_key_bytes import LONG_BLOCK_KEYS, long_block_request
 
-from kvcore import BlockHasher, MultiModalFeature, Request
+from kvcore import MultiModalFeature, Request
 from kvcore._hashing import (
     NONE_HASH_SHA256,
     BlockHashView,
@@ -18,6 +18,7 @@ from kvcore._hashing import (
     encode_extra_keys,
 )
 from kvcore.errors import InvalidConfigError, RequestStateError
+from kvcore.hashing import BlockHasher
 
 
 def expected_sha256(parent: bytes, tokens: list[int], extra: bytes = b"") -> bytes:
@@ -69,7 +70,7 @@ def test_equal_prefixes_give_equal_hashes_and_a_difference_propagates(algorithm)
 
 def test_sha256_hashes_are_identical_in_another_process():
     code = (
-        "from kvcore import BlockHasher, Request;"
+        "from kvcore import Request; from kvcore.hashing import BlockHasher;"
         "r = Request('x', list(range(40)), cache_salt='s', lora_name='l');"
         "BlockHasher(8).update(r);"
         "print(','.join(h.hex() for h in r.block_hashes))"

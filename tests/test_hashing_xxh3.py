@@ -11,8 +11,9 @@ import xxhash
 from extra_key_bytes import LONG_BLOCK_KEYS, long_block_request
 
 import kvcore
-from kvcore import BlockHasher, MultiModalFeature, Request
+from kvcore import MultiModalFeature, Request
 from kvcore.errors import InvalidConfigError
+from kvcore.hashing import BlockHasher
 from kvcore_plugins.full_attention import FullAttentionSpec
 
 NONE_HASH = xxhash.xxh3_128_digest(b"kvcore/none-hash/v1")
@@ -79,7 +80,7 @@ def test_incremental_hashing_equals_hashing_at_once():
 
 def test_hashes_are_identical_in_another_process_whatever_its_hash_seed():
     code = (
-        "from kvcore import BlockHasher, Request;"
+        "from kvcore import Request; from kvcore.hashing import BlockHasher;"
         "r = Request('x', list(range(40)), cache_salt='s', lora_name='l');"
         "BlockHasher(8, 'xxh3_128').update(r);"
         "print(','.join(h.hex() for h in r.block_hashes))"

@@ -31,7 +31,7 @@ from kvcore_plugins.full_attention import FullAttentionManager, FullAttentionSpe
 from kvcore_plugins.mamba import MambaSpec
 from kvcore_plugins.sliding_window import SlidingWindowManager, SlidingWindowSpec
 
-NULL = kvcore.NULL_BLOCK
+NULL = kvcore.managers.NULL_BLOCK
 T, F = True, False
 PLUGINS = ["full_attention", "sliding_window", "chunked_local", "mamba", "cross_attention"]
 
@@ -488,7 +488,7 @@ def test_events_name_each_groups_kind(registry):
     """
     manager = make(registry, [full(), sw(32), mamba()], 20, enable_kv_cache_events=True)
     admit(manager, kvcore.Request("a", list(range(40))))
-    stored = [e for e in manager.take_events() if isinstance(e, kvcore.BlockStored)]
+    stored = [e for e in manager.take_events() if isinstance(e, kvcore.events.BlockStored)]
     assert [(e.group_idx, e.kind, len(e.block_hashes)) for e in stored] == [
         (0, "full_attention", 2),
         (1, "sliding_window", 2),

@@ -96,7 +96,7 @@ class QuantSlidingManager(SlidingWindowManager):
     pass
 
 
-def _build_quant_sliding(layer: kvcore.LayerConfig) -> QuantSlidingSpec:
+def _build_quant_sliding(layer: kvcore.planning.LayerConfig) -> QuantSlidingSpec:
     return QuantSlidingSpec(
         block_size=layer.block_size,
         num_kv_heads=layer.num_kv_heads,
@@ -115,7 +115,7 @@ def _plugin(*layer_types: kvcore.LayerType[Any], kinds: tuple[Any, ...] = ()) ->
 
 QUANT_SLIDING = _plugin(
     kvcore.LayerType(QuantSlidingSpec, QuantSlidingManager),
-    kinds=(kvcore.LayerKind("quant_sliding", _build_quant_sliding),),
+    kinds=(kvcore.planning.LayerKind("quant_sliding", _build_quant_sliding),),
 )
 
 

@@ -178,5 +178,9 @@ def test_events_carry_the_kind():
     manager.allocate_slots(request, 8)
     request.num_computed_tokens = 8
     manager.allocate_slots(request, 1)  # caches the two full blocks of each group
-    kinds = {event.kind for event in manager.take_events() if isinstance(event, kvcore.BlockStored)}
+    kinds = {
+        event.kind
+        for event in manager.take_events()
+        if isinstance(event, kvcore.events.BlockStored)
+    }
     assert kinds == {"mla", "chunked_local"}

@@ -105,8 +105,8 @@ def test_a_hook_raising_names_the_plugin_the_hook_and_how_to_disable_it(installe
 
 
 def test_a_kind_builder_raising_is_named_when_the_model_is_planned(installed, tmp_path):
-    def kinds() -> list[kvcore.LayerKind]:
-        return [kvcore.LayerKind("fault", lambda layer: 1 // 0)]
+    def kinds() -> list[kvcore.planning.LayerKind]:
+        return [kvcore.planning.LayerKind("fault", lambda layer: 1 // 0)]
 
     installed["faulty"] = plugin(kvcore_layer_types=types_hook, kvcore_layer_kinds=kinds)
     registry = kvcore.load_registry(environ={})
@@ -123,13 +123,13 @@ def test_a_kind_builder_raising_is_named_when_the_model_is_planned(installed, tm
 
 
 def test_a_model_layers_hook_raising_is_named(installed):
-    def model_layers(model: kvcore.ModelFields) -> Any:
+    def model_layers(model: kvcore.planning.ModelFields) -> Any:
         return boom()
 
     installed["faulty"] = plugin(kvcore_layer_types=types_hook, kvcore_model_layers=model_layers)
     registry = kvcore.load_registry(environ={})
     with pytest.raises(HookImplementationError, match="'faulty' failed in its kvcore_model_layers"):
-        kvcore.load_model_config("llama-3-8b", registry)
+        kvcore.planning.load_model_config("llama-3-8b", registry)
 
 
 @pytest.mark.parametrize("command", [["plugins"], ["plan", "llama-3-8b"], ["simulate", "--help"]])
@@ -221,10 +221,10 @@ def test_every_hook_is_called_once_when_the_registry_is_built(tmp_path):
         calls["types"] += 1
         return types_hook()
 
-    def layer_kinds() -> list[kvcore.LayerKind]:
+    def layer_kinds() -> list[kvcore.planning.LayerKind]:
         calls["kinds"] += 1
         return [
-            kvcore.LayerKind(
+            kvcore.planning.LayerKind(
                 "fault",
                 lambda layer: FaultSpec(
                     block_size=layer.block_size, num_kv_heads=1, head_size=4, dtype=layer.dtype
@@ -232,7 +232,7 @@ def test_every_hook_is_called_once_when_the_registry_is_built(tmp_path):
             )
         ]
 
-    def model_layers(model: kvcore.ModelFields) -> Any:
+    def model_layers(model: kvcore.planning.ModelFields) -> Any:
         calls["layers"] += 1
         return model.decoder_layers(["fault"] * model.num_hidden_layers)
 

@@ -119,12 +119,12 @@ def test_environment_variables_select_when_no_argument_is_given(entry_points, mo
 
 
 def test_selection_is_a_picklable_value():
-    selection = kvcore.PluginSelection.from_env(
+    selection = kvcore.registry.PluginSelection.from_env(
         {"KVCORE_PLUGINS": "a,b", "KVCORE_DISABLE_PLUGINS": "c"}
     )
-    assert selection == kvcore.PluginSelection(only={"a", "b"}, disable="c")
+    assert selection == kvcore.registry.PluginSelection(only={"a", "b"}, disable="c")
     assert pickle.loads(pickle.dumps(selection)) == selection
-    assert kvcore.PluginSelection.from_env({"KVCORE_PLUGINS": " "}).only is None
+    assert kvcore.registry.PluginSelection.from_env({"KVCORE_PLUGINS": " "}).only is None
 
 
 def test_unknown_names_are_errors_with_a_suggestion(entry_points):
@@ -288,6 +288,6 @@ def test_plugins_can_be_passed_in_directly(entry_points):
 
 
 def test_registry_from_layer_types_needs_no_plugin():
-    registry = kvcore.registry_from_layer_types([kvcore.LayerType(ToySpec, ToyManager)])
+    registry = kvcore.registry.registry_from_layer_types([kvcore.LayerType(ToySpec, ToyManager)])
     assert registry.manager_class(ToySpec) is ToyManager
     assert registry.layer_types == (kvcore.LayerType(ToySpec, ToyManager),)

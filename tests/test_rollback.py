@@ -131,7 +131,7 @@ else:
             manager=faulty(kvcore_streaming.StreamingManager),
         )
     )
-REGISTRY = kvcore.registry_from_layer_types(LAYER_TYPES, name="faulty")
+REGISTRY = kvcore.registry.registry_from_layer_types(LAYER_TYPES, name="faulty")
 
 
 Op = Callable[[KVCacheManager, dict[str, Request]], object]

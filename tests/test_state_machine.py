@@ -50,7 +50,7 @@ from kvcore_plugins.mamba import MambaSpec
 from kvcore_plugins.sliding_window import SlidingWindowSpec
 
 MAX_MODEL_LEN = 96
-NULL = kvcore.NULL_BLOCK
+NULL = kvcore.managers.NULL_BLOCK
 _MASK = (1 << 62) - 1
 
 

@@ -29,6 +29,10 @@ PUBLIC_CORE_MODULES = {
     "kvcore.hookspecs",
     "kvcore.errors",
     "kvcore.eviction",
+    "kvcore.planning",
+    "kvcore.registry",
+    "kvcore.events",
+    "kvcore.hashing",
     "kvcore.reference",
     "kvcore.testing",
 }

@@ -42,7 +42,7 @@ def test_pending_events_can_be_read_without_taking_them(registry):
     admit(manager, Request("a", list(range(8))))
     pending = manager.peek_events()
     assert len(pending) == 1
-    assert isinstance(pending[0], kvcore.BlockStored)
+    assert isinstance(pending[0], kvcore.events.BlockStored)
     assert len(pending[0].block_hashes) == 2
     assert manager.peek_events() == pending
     assert manager.take_events() == list(pending)
@@ -104,16 +104,20 @@ def test_prompt_embedding_digests_are_computed_once_per_block(registry):
 def test_max_model_len_minus_one_fits_the_longest_length():
     """Notes §9.7 #101: block 16, memory for 64 blocks: 63 usable × 16 = 1008 tokens."""
     spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="float32")
-    groups = kvcore.get_kv_cache_groups({"l1": spec}, limits=TokenLimits(max_model_len=4096))
+    groups = kvcore.planning.get_kv_cache_groups(
+        {"l1": spec}, limits=TokenLimits(max_model_len=4096)
+    )
     memory = 64 * spec.page_size_bytes
-    assert kvcore.fit_max_model_len(groups, memory, TokenLimits(max_model_len=4096)) == 1008
-    config = kvcore.get_kv_cache_config(groups, memory)
-    assert kvcore.max_concurrency(config, TokenLimits(max_model_len=1008)) == 64 / 63
+    assert (
+        kvcore.planning.fit_max_model_len(groups, memory, TokenLimits(max_model_len=4096)) == 1008
+    )
+    config = kvcore.planning.get_kv_cache_config(groups, memory)
+    assert kvcore.planning.max_concurrency(config, TokenLimits(max_model_len=1008)) == 64 / 63
     fitted = kvcore.plan("llama-3-8b", memory="512MiB", max_model_len=-1)
     assert fitted.max_model_len == kvcore.plan("llama-3-8b", memory="512MiB").max_model_len
     assert fitted.max_model_len < fitted.model_max_len
     with pytest.raises(
-        kvcore.InvalidConfigError,
+        kvcore.errors.InvalidConfigError,
         match=r"max_model_len must be a positive "
         r"integer, or -1 to fit the longest that fits, got -2",
     ):

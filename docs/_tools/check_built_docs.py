@@ -60,9 +60,7 @@ def duplicated_titles(name: str, soup: BeautifulSoup) -> list[str]:
     """Sections with the same title under one parent."""
     problems = []
     for parent in [_article(soup), *_article(soup).find_all("section")]:
-        titles = Counter(
-            _title(child) for child in parent.find_all("section", recursive=False)
-        )
+        titles = Counter(_title(child) for child in parent.find_all("section", recursive=False))
         problems += [
             f"{name}: section {title!r} appears {count} times under "
             f"{_title(parent) or 'the page'!r}"
@@ -128,7 +126,7 @@ def public_names(package: str = "kvcore") -> dict[str, str]:
     """Every public name → the module path it is imported by, over the public modules.
 
     A name exported by several modules (a re-export) counts once: under the
-    object it is (``kvcore.NULL_BLOCK`` and ``kvcore.managers.NULL_BLOCK`` are
+    object it is (``kvcore.managers.NULL_BLOCK`` and ``kvcore.managers.NULL_BLOCK`` are
     one constant). Submodules listed in ``__all__`` are skipped: each has a page.
     """
     sys.path.insert(0, str(Path(__file__).parent.parent / "_ext"))

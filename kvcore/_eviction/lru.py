@@ -22,8 +22,8 @@ the exact order.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Sequence
-from itertools import chain
+from collections import Counter
+from collections.abc import Hashable, Iterator, MutableSequence, Sequence
 from typing import ClassVar
 
 from kvcore._blocks import UndoLog
@@ -44,7 +44,11 @@ class LRUFreeQueue:
     first, an entry is stale exactly when that count is above 0 (a free
     block's live entry is its newest). Stale entries are dropped when taken
     and, once there are more of them than blocks in the pool, by a compaction
-    that sweeps the list a step per revive (see :meth:`_compact`). A long hit
+    that sweeps the list a step per revive (see :meth:`_compact`). While a
+    sweep runs, the live entries it has kept wait in a list of their own that
+    comes first, and a block whose live entry is there counts its stale
+    entries there apart (``_swept_stale``): the sweep must never take a
+    later entry of the same block for it. A long hit
     whose blocks wait as one run of the list (a freed request's blocks do,
     last first) is cut out of it instead (see :meth:`_cut_run`).
 
@@ -72,6 +76,8 @@ class LRUFreeQueue:
         "_stale",
         "_swept",
         "_swept_head",
+        "_swept_live",
+        "_swept_stale",
         "journal",
     )
 
@@ -103,6 +109,10 @@ class LRUFreeQueue:
         # _queue[:_head], which come before _queue[_head:] (else None).
         self._swept: list[int] | None = None
         self._swept_head = 0
+        # While a sweep runs: the blocks whose live entry is in the swept
+        # list, and the stale entries each block has there.
+        self._swept_live: set[int] = set()
+        self._swept_stale: Counter[int] = Counter()
         self._fresh_start = 0
         self._fresh_end = num_blocks
         # Never-allocated blocks inside [_fresh_start, _fresh_end) that are not
@@ -136,18 +146,24 @@ class LRUFreeQueue:
             return
         stale = self._stale
         holes = self._holes
+        swept_live = self._swept_live
         staled: list[int] = []
+        staled_swept: list[int] = []
         if self.journal is not None:
-            self.journal.append((self._undo_stale, (staled,)))
+            self.journal.append((self._undo_stale, (staled, staled_swept)))
         for block in blocks:
             # A hole is a block revived out of the fresh run: if it is free
             # again, it waits in the list like any freed block.
             if block >= self._fresh_start and block not in holes:
                 self._remove_fresh(block)
+            elif block in swept_live:
+                swept_live.remove(block)
+                self._swept_stale[block] += 1
+                staled_swept.append(block)
             else:
                 stale[block] += 1
                 staled.append(block)
-        self._num_stale += len(staled)
+        self._num_stale += len(staled) + len(staled_swept)
         if self._swept is not None or self._num_stale > self._compact_above:
             self._compact(len(blocks))
 
@@ -174,15 +190,16 @@ class LRUFreeQueue:
         for block in range(self._fresh_start, self._fresh_end):
             if block not in holes:
                 yield block
-        stale = self._stale
-        passed: dict[int, int] = {}
         swept = self._swept[self._swept_head :] if self._swept is not None else []
-        for block in chain(swept, self._queue[self._head :]):
-            count = passed.get(block, stale[block])
-            if count:
-                passed[block] = count - 1
-            else:
-                yield block
+        regions = ((swept, self._swept_stale), (self._queue[self._head :], self._stale))
+        for entries, stale in regions:
+            passed: dict[int, int] = {}
+            for block in entries:
+                count = passed.get(block, stale[block])
+                if count:
+                    passed[block] = count - 1
+                else:
+                    yield block
 
     def was_ever_taken(self, block: int) -> bool:
         """Whether ``block`` has left the fresh run (been allocated at least once)."""
@@ -229,11 +246,14 @@ class LRUFreeQueue:
         assert swept is not None  # only called while a sweep runs
         old_head = self._swept_head
         end = len(swept)
-        head, n, dropped = _take_live(swept, old_head, end, n, self._stale, out)
+        first = len(out)
+        head, n, dropped = _take_live(swept, old_head, end, n, self._swept_stale, out)
+        taken = out[first:]
+        self._swept_live.difference_update(taken)
         self._num_stale -= len(dropped)
         self._swept_head = head
         if self.journal is not None:
-            self.journal.append((self._undo_take_swept, (old_head, dropped)))
+            self.journal.append((self._undo_take_swept, (old_head, dropped, taken)))
         if head > self.TRIM_AFTER and 2 * head > end:
             # A sweep that the frees keep ahead of may run long: its
             # consumed part is dropped as the list's is.
@@ -286,6 +306,7 @@ class LRUFreeQueue:
             num_blocks < self.CUT_MIN_BLOCKS
             or self.CUT_SEARCH_PER_BLOCK * num_blocks < len(queue) - self._head
             or blocks[-1] >= self._fresh_start
+            or self._swept is not None  # a block's live entry may be in the swept list
         ):
             return False
         try:
@@ -343,18 +364,33 @@ class LRUFreeQueue:
         length = len(swept)
         # Every live entry of the step is kept: n is the step's length.
         _, _, dropped = _take_live(queue, head, end, end - head, self._stale, swept)
+        self._swept_live.update(swept[length:])
         self._num_stale -= len(dropped)
         self._head = end
         if self.journal is not None:
             self.journal.append((self._undo_sweep, (head, length, dropped)))
         if end == len(queue):
-            # Swept to the tail: the new list takes over.
-            self._queue = swept
-            self._head = self._swept_head
-            self._swept = None
-            self._swept_head = 0
-            if self.journal is not None:
-                self.journal.append((self._undo_sweep_end, (queue, end)))
+            self._end_sweep(queue, end)
+
+    def _end_sweep(self, queue: list[int], end: int) -> None:
+        """Swept to the tail: the swept list becomes the list, its stale counts the counts.
+
+        Every stale entry of the old list was passed, so its counts are all 0.
+        """
+        swept = self._swept
+        assert swept is not None
+        self._queue = swept
+        self._head = self._swept_head
+        self._swept = None
+        self._swept_head = 0
+        swept_stale, swept_live = self._swept_stale, self._swept_live
+        stale = self._stale
+        for block, count in swept_stale.items():
+            stale[block] = count
+        self._swept_stale = Counter()
+        self._swept_live = set()
+        if self.journal is not None:
+            self.journal.append((self._undo_sweep_end, (queue, end, swept_stale, swept_live)))
 
     # -- undo (replayed newest first by the pool's rollback) -----------------------------
 
@@ -380,17 +416,23 @@ class LRUFreeQueue:
     def _undo_release(self, length: int) -> None:
         del self._queue[length:]
 
-    def _undo_stale(self, staled: list[int]) -> None:
+    def _undo_stale(self, staled: list[int], staled_swept: list[int]) -> None:
         stale = self._stale
         for block in staled:
             stale[block] -= 1
-        self._num_stale -= len(staled)
+        for block in staled_swept:
+            self._swept_stale[block] -= 1
+            self._swept_live.add(block)
+        self._num_stale -= len(staled) + len(staled_swept)
 
     def _undo_cut(self, start: int, removed: list[int]) -> None:
         self._queue[start:start] = removed
 
-    def _undo_take_swept(self, head: int, dropped: list[int]) -> None:
-        self._restore_stale(dropped)
+    def _undo_take_swept(self, head: int, dropped: list[int], taken: list[int]) -> None:
+        for block in dropped:
+            self._swept_stale[block] += 1
+        self._num_stale += len(dropped)
+        self._swept_live.update(taken)
         self._swept_head = head
 
     def _undo_trim_swept(self, swept: list[int], head: int) -> None:
@@ -404,15 +446,23 @@ class LRUFreeQueue:
     def _undo_sweep(self, head: int, length: int, dropped: list[int]) -> None:
         swept = self._swept
         assert swept is not None  # undone newest first: the sweep runs
+        self._swept_live.difference_update(swept[length:])
         del swept[length:]
         self._restore_stale(dropped)
         self._head = head
 
-    def _undo_sweep_end(self, queue: list[int], head: int) -> None:
+    def _undo_sweep_end(
+        self, queue: list[int], head: int, swept_stale: Counter[int], swept_live: set[int]
+    ) -> None:
         self._swept = self._queue
         self._swept_head = self._head
         self._queue = queue
         self._head = head
+        stale = self._stale
+        for block in swept_stale:
+            stale[block] = 0
+        self._swept_stale = swept_stale
+        self._swept_live = swept_live
 
     def _undo_remove_fresh(self, block: int, consumed: list[int]) -> None:
         if block == self._fresh_start - 1 - len(consumed):
@@ -423,7 +473,12 @@ class LRUFreeQueue:
 
 
 def _take_live(
-    entries: list[int], position: int, end: int, n: int, stale: list[int], out: list[int]
+    entries: list[int],
+    position: int,
+    end: int,
+    n: int,
+    stale: MutableSequence[int] | Counter[int],
+    out: list[int],
 ) -> tuple[int, int, list[int]]:
     """Append up to ``n`` live entries of ``entries[position:end]`` to ``out``, in order.
 

@@ -156,7 +156,7 @@ def select_policy(
     eviction: str | EvictionPolicyFactory,
     plugin_policies: Mapping[str, EvictionPolicyFactory] | None = None,
 ) -> str | EvictionPolicyFactory:
-    """What to hand a :class:`~kvcore.BlockPool`: a built-in name, or a policy factory.
+    """What to hand a :class:`~kvcore.managers.BlockPool`: a built-in name, or a policy factory.
 
     A plugin's policy name becomes the plugin's factory (the pool knows no
     plugins); anything else is returned as is once it is known to resolve.

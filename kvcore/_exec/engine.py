@@ -144,6 +144,22 @@ class EngineStats:
     finished: int = 0
 
 
+class _Plan:
+    """What one step has scheduled so far."""
+
+    __slots__ = ("budget", "preempted", "scheduled", "written")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget  # tokens still schedulable
+        self.scheduled: list[tuple[_Live, int, tuple[int, ...]]] = []
+        self.written: set[int] = set()  # blocks the step writes, so far
+        self.preempted = False
+
+    def schedule(self, live: _Live, num_new: int, drafts: tuple[int, ...]) -> None:
+        self.scheduled.append((live, num_new, drafts))
+        self.budget -= num_new
+
+
 class _Live:
     __slots__ = ("num_output", "request", "spec")
 
@@ -260,7 +276,7 @@ class ReferenceEngine:
 
     def step(self) -> None:
         """Schedule, execute and advance one step."""
-        config, manager, stats = self.config, self.manager, self.stats
+        config, stats = self.config, self.stats
         while self._pending and self._pending[0].arrival_step <= stats.steps:
             spec = self._pending.popleft()
             request = Request(spec.request_id, spec.prompt_token_ids)
@@ -268,72 +284,13 @@ class ReferenceEngine:
         if stats.steps in config.reset_prefix_cache_at:
             self._reset()
         if config.defer_same_step_hits:
-            manager.new_step_starts()
-        budget = config.max_num_batched_tokens
-        scheduled: list[tuple[_Live, int, tuple[int, ...]]] = []
-        written: set[int] = set()  # blocks the step writes, so far
-        preempted = False
-        index = 0
-        while index < len(self._running) and budget > 0:
-            live = self._running[index]
-            request = live.request
-            num_new = request.num_tokens - request.num_computed_tokens
-            drafts: tuple[int, ...] = ()
-            if num_new == 1 and live.num_output:
-                drafts = self._drafts(live)[: budget - 1]
-            num_new = min(num_new + len(drafts), budget)
-            while True:
-                blocks = manager.allocate_slots(request, num_new, num_lookahead_tokens=len(drafts))
-                if blocks is not None:
-                    break
-                victim = self._running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is live:
-                    break
-            if blocks is None:
-                break
-            written.update(self._blocks_written(request, num_new))
-            scheduled.append((live, num_new, drafts))
-            budget -= num_new
-            index += 1
-
-        while (
-            not preempted
-            and self._waiting
-            and budget > 0
-            and len(self._running) < config.max_num_seqs
-        ):
-            live = self._waiting[0]
-            request = live.request
-            hits, num_hit = manager.get_computed_blocks(request)
-            num_new = min(request.num_tokens - num_hit, budget)
-            blocks = manager.allocate_slots(
-                request,
-                num_new,
-                num_hit,
-                hits,
-                num_encoder_tokens=live.spec.num_encoder_tokens,
-            )
-            if blocks is None:
-                if any(b in written for group in hits.blocks for b in group):
-                    stats.deferred_admissions += 1  # (the pool may be full as well)
-                break
-            request.num_computed_tokens = num_hit
-            written.update(self._blocks_written(request, num_new))
-            self._waiting.popleft()
-            self._running.append(live)
-            stats.admissions += 1
-            if num_hit:
-                stats.hit_admissions += 1
-                stats.hit_tokens += num_hit
-                if request.num_preemptions:
-                    stats.resumed_with_hit += 1
-            scheduled.append((live, num_new, ()))
-            budget -= num_new
-
-        if not scheduled:
-            if self._waiting and not self._running and not preempted:
+            self.manager.new_step_starts()
+        step = _Plan(config.max_num_batched_tokens)
+        self._schedule_running(step)
+        if not step.preempted:
+            self._schedule_waiting(step)
+        if not step.scheduled:
+            if self._waiting and not self._running and not step.preempted:
                 head = self._waiting[0].request
                 msg = (
                     f"request {head.request_id!r} cannot be admitted even with every block "
@@ -342,7 +299,68 @@ class ReferenceEngine:
                 raise InvalidConfigError(msg)
             stats.steps += 1
             return
+        self._execute(step.scheduled)
+        stats.steps += 1
+        if self.on_step is not None:
+            self.on_step(self)
 
+    def _schedule_running(self, step: _Plan) -> None:
+        """Give every running request its next tokens (and drafts), preempting when full."""
+        index = 0
+        while index < len(self._running) and step.budget > 0:
+            live = self._running[index]
+            request = live.request
+            num_new = request.num_tokens - request.num_computed_tokens
+            drafts: tuple[int, ...] = ()
+            if num_new == 1 and live.num_output:
+                drafts = self._drafts(live)[: step.budget - 1]
+            num_new = min(num_new + len(drafts), step.budget)
+            while True:
+                blocks = self.manager.allocate_slots(
+                    request, num_new, num_lookahead_tokens=len(drafts)
+                )
+                if blocks is not None:
+                    break
+                victim = self._running.pop()
+                self._preempt(victim)
+                step.preempted = True
+                if victim is live:
+                    break
+            if blocks is None:
+                return
+            step.written.update(self._blocks_written(request, num_new))
+            step.schedule(live, num_new, drafts)
+            index += 1
+
+    def _schedule_waiting(self, step: _Plan) -> None:
+        """Admit waiting requests, head first, while they fit the budget and the pool."""
+        manager, stats = self.manager, self.stats
+        while self._waiting and step.budget > 0 and len(self._running) < self.config.max_num_seqs:
+            live = self._waiting[0]
+            request = live.request
+            hits, num_hit = manager.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit, step.budget)
+            blocks = manager.allocate_slots(
+                request, num_new, num_hit, hits, num_encoder_tokens=live.spec.num_encoder_tokens
+            )
+            if blocks is None:
+                if any(b in step.written for group in hits.blocks for b in group):
+                    stats.deferred_admissions += 1  # (the pool may be full as well)
+                return
+            request.num_computed_tokens = num_hit
+            step.written.update(self._blocks_written(request, num_new))
+            self._waiting.popleft()
+            self._running.append(live)
+            stats.admissions += 1
+            if num_hit:
+                stats.hit_admissions += 1
+                stats.hit_tokens += num_hit
+                if request.num_preemptions:
+                    stats.resumed_with_hit += 1
+            step.schedule(live, num_new, ())
+
+    def _execute(self, scheduled: list[tuple[_Live, int, tuple[int, ...]]]) -> None:
+        """Run the scheduled requests through the executor and advance them."""
         self.executor.step(
             [
                 Scheduled(
@@ -357,14 +375,11 @@ class ReferenceEngine:
             ]
         )
         self._advance(scheduled)
-        stats.evicted_blocks += sum(
+        self.stats.evicted_blocks += sum(
             len(event.block_hashes)
-            for event in manager.take_events()
+            for event in self.manager.take_events()
             if isinstance(event, BlockRemoved)
         )
-        stats.steps += 1
-        if self.on_step is not None:
-            self.on_step(self)
 
     def _advance(self, scheduled: list[tuple[_Live, int, tuple[int, ...]]]) -> None:
         stats = self.stats

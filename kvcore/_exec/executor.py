@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import attrs
 import torch
 
-from kvcore._exec.model import DEFAULT_HIDDEN_SIZE, ModelLayer, ReferenceModel
+from kvcore._exec.model import DEFAULT_HIDDEN_SIZE, ReferenceLayer, ReferenceModel
 from kvcore._exec.oracle import dense_outputs
 from kvcore._exec.report import ExecutionReport, Mismatch
 from kvcore._kv_cache_manager import KVCacheManager
@@ -66,7 +66,7 @@ class _Record:
 
 @attrs.frozen
 class _Layer:
-    model: ModelLayer  # what the layer computes: its spec, kernel and weights
+    model: ReferenceLayer  # what the layer computes: its spec, kernel and weights
     cache: CacheLayer  # where its data lives: the planned spec and the views
 
 

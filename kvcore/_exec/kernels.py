@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kvcore._registry import Registry
-from kvcore.errors import UnknownSpecError
+from kvcore.errors import HookImplementationError, UnknownSpecError
 from kvcore.reference import ReferenceKernel
 from kvcore.specs import KVCacheSpec
 
@@ -25,11 +25,19 @@ def reference_kernels(registry: Registry) -> dict[type[KVCacheSpec], ReferenceKe
             other than a mapping of spec classes to
             :class:`~kvcore.reference.ReferenceKernel` instances.
     """
-    return {
-        spec_class: claim.record[1]
-        for spec_class, claim in registry.gather("kvcore_reference_kernels").items()
-        if isinstance(spec_class, type)
-    }
+    kernels = {}
+    for spec_class, claim in registry.gather("kvcore_reference_kernels").items():
+        kernel = claim.record[1]
+        if not isinstance(kernel, ReferenceKernel):
+            msg = (
+                f"plugin {claim.plugin.name!r}: kvcore_reference_kernels must return a "
+                "non-empty mapping of spec classes to kvcore.reference.ReferenceKernel "
+                f"instances, got {kernel!r} for {getattr(spec_class, '__qualname__', spec_class)}"
+            )
+            raise HookImplementationError(msg)
+        if isinstance(spec_class, type):
+            kernels[spec_class] = kernel
+    return kernels
 
 
 def kernel_for(

@@ -17,7 +17,7 @@ from kvcore.errors import InvalidConfigError
 from kvcore.reference import COMPUTE_DTYPE, ReferenceKernel
 from kvcore.specs import KVCacheSpec
 
-__all__ = ["ModelLayer", "ReferenceModel"]
+__all__ = ["ReferenceLayer", "ReferenceModel"]
 
 #: Width of the tiny model's hidden state when none is given.
 DEFAULT_HIDDEN_SIZE = 32
@@ -26,7 +26,7 @@ DEFAULT_VOCAB_SIZE = 256
 
 
 @attrs.frozen(kw_only=True)
-class ModelLayer:
+class ReferenceLayer:
     """One layer of the model: what the model config says it computes.
 
     Attributes:
@@ -69,7 +69,7 @@ class ReferenceModel:
         seed: The seed the weights and encoder outputs derive from.
     """
 
-    layers: tuple[ModelLayer, ...]
+    layers: tuple[ReferenceLayer, ...]
     embedding: torch.Tensor = attrs.field(eq=False, repr=False)
     seed: int
 
@@ -146,7 +146,7 @@ class ReferenceModel:
                 key: value.to(device)
                 for key, value in kernel.init_params(spec, hidden_size, generator).items()
             }
-            layers.append(ModelLayer(name=name, spec=spec, kernel=kernel, params=params))
+            layers.append(ReferenceLayer(name=name, spec=spec, kernel=kernel, params=params))
         generator = torch.Generator().manual_seed(_mix(seed, 0))
         embedding = torch.randn(vocab_size, hidden_size, generator=generator, dtype=COMPUTE_DTYPE)
         return cls(layers=tuple(layers), embedding=embedding.to(device), seed=seed)

@@ -114,7 +114,7 @@ def allocate_kv_cache(config: KVCacheConfig, *, device: Any = "cpu") -> KVCacheB
         if any(group.layer_names for group in config.kv_cache_groups):
             msg = (
                 "this KVCacheConfig has no tensors (it was built for the manager only); plan "
-                "it with kvcore.plan or kvcore.get_kv_cache_config to allocate it"
+                "it with kvcore.plan or kvcore.planning.get_kv_cache_config to allocate it"
             )
             raise InvalidConfigError(msg)
         empty = torch.zeros(0, dtype=torch.uint8, device=device)

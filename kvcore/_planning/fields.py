@@ -16,9 +16,9 @@ MISSING: Any = object()
 class ConfigFields:
     """Typed reads of a model config's fields, with errors naming the file and the field.
 
-    The base of :class:`~kvcore.ModelFields` (what the
+    The base of :class:`~kvcore.planning.ModelFields` (what the
     :func:`~kvcore.hookspecs.kvcore_model_layers` hook sees) and
-    :class:`~kvcore.LayerConfig` (what a layer-kind builder sees). Every read
+    :class:`~kvcore.planning.LayerConfig` (what a layer-kind builder sees). Every read
     of a number checks its type, so a word, a fraction or a zero in a count
     is refused with a message naming the model, the file, the field and the
     fix, instead of surfacing as a ``ValueError`` or ``ZeroDivisionError``

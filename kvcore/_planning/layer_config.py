@@ -1,16 +1,12 @@
-"""What plugins tell planning about layers, and what planning tells them.
+"""What planning tells plugins about a layer: :class:`LayerConfig`, handed to a kind's builder.
 
-* :class:`LayerKind`: a layer kind a plugin builds specs for (the
-  :func:`~kvcore.hookspecs.kvcore_layer_kinds` hook).
-* :class:`PlanOption`: an option a plugin reads while its layers are built
-  (the :func:`~kvcore.hookspecs.kvcore_plan_options` hook), set with
-  ``kvcore.plan(options={"plugin.option": value})`` or ``kvcore plan --option``.
-* :class:`LayerConfig`: one layer of a model, as handed to a kind's builder.
+What plugins tell planning (layer kinds, plan options) are the hook value
+types of :mod:`kvcore._plugin_types`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -18,28 +14,13 @@ import attrs
 
 from kvcore._planning.fields import ConfigFields
 from kvcore.errors import InvalidConfigError
-from kvcore.specs import KIND_PATTERN, KVCacheSpec, KVFormat, non_negative_int, positive_int
+from kvcore.specs import KVFormat, non_negative_int, positive_int
 
-__all__ = ["LayerBuilder", "LayerConfig", "LayerKind", "PlanOption"]
+__all__ = ["LayerConfig"]
 
 
 def _read_only(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(value))
-
-
-def _names(value: Sequence[str]) -> tuple[str, ...]:
-    return (value,) if isinstance(value, str) else tuple(value)
-
-
-def _check_name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    names = value if isinstance(value, tuple) else (value,)
-    for name in names:
-        if not isinstance(name, str) or not KIND_PATTERN.fullmatch(name):
-            msg = (
-                f"{type(instance).__name__}.{attribute.name}: {name!r} is not a name of "
-                "lowercase words joined by underscores"
-            )
-            raise InvalidConfigError(msg)
 
 
 @attrs.frozen(kw_only=True)
@@ -47,7 +28,7 @@ class LayerConfig(ConfigFields):
     """One cache-holding layer of a model, as handed to a layer-kind builder.
 
     See the :func:`~kvcore.hookspecs.kvcore_layer_kinds` hook. Read config
-    fields with the :class:`~kvcore.ConfigFields` readers (``require_int``,
+    fields with the :class:`~kvcore.planning.ConfigFields` readers (``require_int``,
     ``get_int``, ``require``, ``get``): their errors name the model, the file,
     the layer and the field, so a builder never needs its own checks for a
     missing or malformed field.
@@ -138,77 +119,3 @@ class LayerConfig(ConfigFields):
             )
             raise InvalidConfigError(msg)
         return hidden // heads
-
-
-#: Builds the spec of one layer of a kind from its :class:`LayerConfig`.
-LayerBuilder = Callable[[LayerConfig], KVCacheSpec]
-
-
-@attrs.frozen
-class LayerKind:
-    """A layer kind a plugin builds specs for, from a model's ``config.json``.
-
-    Returned by the :func:`~kvcore.hookspecs.kvcore_layer_kinds` hook.
-
-    Attributes:
-        name: The kind's name; for a type with one kind, the type's name
-            (its spec's :attr:`~kvcore.specs.KVCacheSpec.kind`). Model configs
-            give it in their ``layer_types`` list.
-        build: Builds the layer's spec from its :class:`LayerConfig`.
-        aliases: Other names model configs use for this kind (Hugging Face's
-            ``layer_types`` vocabulary, e.g. ``"sliding_attention"``),
-            accepted silently.
-        deprecated_aliases: Former kvcore names of this kind, accepted with a
-            ``DeprecationWarning``.
-        module_name: The layer's module inside a decoder layer, the last part
-            of its name (``"model.layers.3.<module_name>"``).
-    """
-
-    name: str = attrs.field(validator=_check_name)
-    build: LayerBuilder
-    aliases: tuple[str, ...] = attrs.field(
-        default=(), converter=_names, validator=_check_name, kw_only=True
-    )
-    deprecated_aliases: tuple[str, ...] = attrs.field(
-        default=(), converter=_names, validator=_check_name, kw_only=True
-    )
-    module_name: str = attrs.field(default="self_attn", kw_only=True)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """Every name of the kind (its name, its aliases, its deprecated aliases)."""
-        return (self.name, *self.aliases, *self.deprecated_aliases)
-
-
-def _choices(value: Sequence[str] | None) -> tuple[str, ...] | None:
-    return None if value is None else _names(value)
-
-
-@attrs.frozen(kw_only=True)
-class PlanOption:
-    """An option a plugin reads while its layers are built (``LayerConfig.option``).
-
-    Returned by the :func:`~kvcore.hookspecs.kvcore_plan_options` hook. Users
-    set it as ``"<plugin>.<name>"``: ``kvcore.plan(model, options={...})`` or
-    ``kvcore plan MODEL --option <plugin>.<name>=<value>``. An unknown option
-    or a value outside ``choices`` is refused before any layer is built.
-
-    Attributes:
-        name: The option's name within the plugin.
-        default: Its value when not set.
-        choices: The values it accepts (``None``: any string).
-        help: One sentence for ``kvcore plugins`` and the documentation.
-    """
-
-    name: str = attrs.field(validator=_check_name)
-    default: str
-    choices: tuple[str, ...] | None = attrs.field(default=None, converter=_choices)
-    help: str = ""
-
-    def __attrs_post_init__(self) -> None:
-        if self.choices is not None and self.default not in self.choices:
-            msg = (
-                f"PlanOption {self.name!r}: its default {self.default!r} is not one of its "
-                f"choices {list(self.choices)}"
-            )
-            raise InvalidConfigError(msg)

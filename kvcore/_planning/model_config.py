@@ -26,8 +26,9 @@ from typing import Any
 import attrs
 
 from kvcore._planning.fields import ConfigFields
-from kvcore._planning.layer_config import LayerConfig, LayerKind
+from kvcore._planning.layer_config import LayerConfig
 from kvcore._plugin_calls import call_plugin
+from kvcore._plugin_types import LayerKind, ModelLayer
 from kvcore._registry import Registry
 from kvcore.errors import (
     HookImplementationError,
@@ -52,22 +53,6 @@ __all__ = [
 DEFAULT_DTYPE = "float32"
 
 
-@attrs.frozen(kw_only=True)
-class ModelLayer:
-    """One cache-holding layer of a model: its name, decoder layer index and layer kind.
-
-    Attributes:
-        name: The layer's name (``"model.layers.5.self_attn"``), used by the
-            planned groups and tensors.
-        index: Index of the decoder layer it belongs to.
-        kind: Its layer kind (see :class:`~kvcore.LayerKind`).
-    """
-
-    name: str
-    index: int
-    kind: str
-
-
 def _read_only(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(value))
 
@@ -76,7 +61,7 @@ def _read_only(value: Mapping[str, Any]) -> Mapping[str, Any]:
 class ModelFields(ConfigFields):
     """A model's ``config.json`` fields, as the ``kvcore_model_layers`` hook sees them.
 
-    Read fields with the :class:`~kvcore.ConfigFields` readers
+    Read fields with the :class:`~kvcore.planning.ConfigFields` readers
     (``require_int``, ``get_int``, ``require``, ``get``): their errors name
     the model, the file and the field.
 
@@ -86,7 +71,7 @@ class ModelFields(ConfigFields):
         config: The fields, read-only; a nested ``text_config`` is merged over
             the top level.
         module_names: Layer kind → the module name of its layers (from the
-            registry's :class:`~kvcore.LayerKind` records).
+            registry's :class:`~kvcore.planning.LayerKind` records).
     """
 
     name: str
@@ -137,7 +122,7 @@ class ModelFields(ConfigFields):
     ) -> tuple[ModelLayer, ...]:
         """One layer per decoder layer, of the given kinds, named ``<prefix>.<i>.<module>``.
 
-        ``<module>`` is the kind's ``module_name`` (:class:`~kvcore.LayerKind`)
+        ``<module>`` is the kind's ``module_name`` (:class:`~kvcore.planning.LayerKind`)
         (``"self_attn"`` for a kind no selected plugin claims).
         """
         return tuple(
@@ -308,7 +293,8 @@ def _model_layers(fields: ModelFields, registry: Registry) -> tuple[ModelLayer, 
         isinstance(layer, ModelLayer) for layer in layers
     ):
         msg = (
-            f"plugin {plugin!r}: kvcore_model_layers must return a list of kvcore.ModelLayer "
+            f"plugin {plugin!r}: kvcore_model_layers must return a list of "
+            "kvcore.planning.ModelLayer "
             f"or None, got {layers!r}"
         )
         raise HookImplementationError(msg)
@@ -451,7 +437,7 @@ def build_layer_specs(
             model's dtype.
         max_model_len: Longest request planned for; default the model's.
         options: Plugins' plan options, ``"<plugin>.<option>"`` → value
-            (see :class:`~kvcore.PlanOption`).
+            (see :class:`~kvcore.planning.PlanOption`).
 
     Raises:
         UnknownSpecError: a layer's kind is claimed by no selected plugin.

@@ -359,14 +359,14 @@ def plan(
 
     Reads the model's config, builds every layer's spec through the plugins
     (:func:`~kvcore.hookspecs.kvcore_layer_kinds`), aligns state pages with
-    attention pages, groups the layers (:func:`kvcore.get_kv_cache_groups`),
+    attention pages, groups the layers (:func:`kvcore.planning.get_kv_cache_groups`),
     checks that one request of ``max_model_len`` tokens fits, and sizes the
     pool.
 
     Args:
-        model: A shipped model name (:func:`kvcore.list_models`), a path to a
+        model: A shipped model name (:func:`kvcore.planning.list_models`), a path to a
             ``config.json`` (or its directory), or a loaded
-            :class:`~kvcore.ModelConfig`.
+            :class:`~kvcore.planning.ModelConfig`.
         memory: Bytes for the KV cache: an ``int`` or a string such as
             ``"80GiB"`` or ``"24GB"``.
         max_model_len: Longest request, in tokens. ``None`` or ``-1`` (the
@@ -420,92 +420,102 @@ def plan(
     registry.plan_option_values(options)  # an unknown option fails before anything is built
     memory_bytes = parse_memory(memory)
     block = _positive("block_size", DEFAULT_BLOCK_SIZE if block_size is None else block_size)
-    if max_model_len == FIT_MAX_MODEL_LEN and type(max_model_len) is int:
-        max_model_len = None
-    if max_model_len is not None and (type(max_model_len) is not int or max_model_len <= 0):
+    fit = _fits_max_model_len(max_model_len)
+    limits = _token_limits(cfg, None if fit else max_model_len, max_num_batched_tokens)
+    if num_blocks is not None:
+        _positive("num_blocks", num_blocks)
+    layer_specs = build_layer_specs(
+        cfg,
+        registry,
+        block_size=block,
+        dtype=None if dtype is None else registry.cache_dtype(dtype),
+        max_model_len=limits.max_model_len,
+        options=options,
+    )
+    aligned = align_state_pages(layer_specs)
+
+    def assemble(rule: str, limits: TokenLimits, *, sized: bool) -> KVCachePlan:
+        groups = get_kv_cache_groups(
+            aligned, hybrid=hybrid, layout=layout, group_size_rule=rule, limits=limits
+        )
+        for kv_group in groups:
+            registry.manager_class(kv_group.kv_cache_spec)
+        if sized:
+            available = memory_bytes if num_blocks is None else num_blocks * bytes_per_block(groups)
+            limits = _fitted(groups, available, limits, fit=fit)
+        return _assemble(
+            cfg,
+            layer_specs,
+            groups,
+            limits,
+            memory_bytes,
+            num_blocks=num_blocks,
+            layout=layout,
+            rule=rule,
+            hybrid=hybrid,
+        )
+
+    result = assemble(group_size_rule, limits, sized=True)
+    if group_size_rule != "reference":
+        reference = assemble("reference", result.limits, sized=False)
+        result = attrs.evolve(result, reference=reference)
+    groups = list(result.kv_cache_config.kv_cache_groups)
+    notes = _notes(layer_specs, aligned, groups, result.limits, cfg.max_model_len, hybrid, fitted=fit)
+    return attrs.evolve(
+        result, notes=notes, max_model_len_fitted=fit, num_blocks_given=num_blocks is not None
+    )
+
+
+def _fits_max_model_len(max_model_len: object) -> bool:
+    """Whether ``max_model_len`` asks for the longest request that fits (``None`` or ``-1``)."""
+    if max_model_len is None or (max_model_len == FIT_MAX_MODEL_LEN and type(max_model_len) is int):
+        return True
+    if type(max_model_len) is not int or max_model_len <= 0:
         msg = (
             "max_model_len must be a positive integer, or -1 to fit the longest that fits, "
             f"got {max_model_len!r}"
         )
         raise InvalidConfigError(msg)
-    length = _positive(
-        "max_model_len", cfg.max_model_len if max_model_len is None else max_model_len
+    return False
+
+
+def _token_limits(
+    cfg: ModelConfig, max_model_len: int | None, max_num_batched_tokens: int | None
+) -> TokenLimits:
+    """The limits asked for: the model's context length unless ``max_model_len`` is given."""
+    batched = (
+        DEFAULT_MAX_NUM_BATCHED_TOKENS if max_num_batched_tokens is None else max_num_batched_tokens
     )
-    batched = _positive(
-        "max_num_batched_tokens",
-        DEFAULT_MAX_NUM_BATCHED_TOKENS
-        if max_num_batched_tokens is None
-        else max_num_batched_tokens,
-    )
-    if num_blocks is not None:
-        _positive("num_blocks", num_blocks)
-    kv_dtype = None if dtype is None else registry.cache_dtype(dtype)
-    limits = TokenLimits(
-        max_model_len=length,
-        max_num_batched_tokens=batched,
+    return TokenLimits(
+        max_model_len=_positive(
+            "max_model_len", cfg.max_model_len if max_model_len is None else max_model_len
+        ),
+        max_num_batched_tokens=_positive("max_num_batched_tokens", batched),
         max_num_encoder_tokens=cfg.max_num_encoder_tokens,
     )
 
-    layer_specs = build_layer_specs(
-        cfg,
-        registry,
-        block_size=block,
-        dtype=kv_dtype,
-        max_model_len=length,
-        options=options,
-    )
-    aligned = align_state_pages(layer_specs)
 
-    def group(rule: str) -> list[KVCacheGroupSpec]:
-        return get_kv_cache_groups(
-            aligned, hybrid=hybrid, layout=layout, group_size_rule=rule, limits=limits
-        )
+def _fitted(
+    groups: list[KVCacheGroupSpec], available: int, limits: TokenLimits, *, fit: bool
+) -> TokenLimits:
+    """``limits`` checked against ``available`` bytes; with ``fit``, the longest request that fits.
 
-    groups = group(group_size_rule)
-    for kv_group in groups:
-        registry.manager_class(kv_group.kv_cache_spec)
-    if groups:
-        available = memory_bytes if num_blocks is None else num_blocks * bytes_per_block(groups)
-        if max_model_len is None:
-            fitted = fit_max_model_len(groups, available, limits)
-            if fitted == 0:
-                check_fits(groups, available, attrs.evolve(limits, max_model_len=1))
-            limits = attrs.evolve(limits, max_model_len=fitted)
-        else:
-            check_fits(groups, available, limits)
-    result = _assemble(
-        cfg,
-        layer_specs,
-        groups,
-        limits,
-        memory_bytes,
-        num_blocks=num_blocks,
-        layout=layout,
-        rule=group_size_rule,
-        hybrid=hybrid,
-    )
-    if group_size_rule != "reference":
-        reference = _assemble(
-            cfg,
-            layer_specs,
-            group("reference"),
-            limits,
-            memory_bytes,
-            num_blocks=num_blocks,
-            layout=layout,
-            rule="reference",
-            hybrid=hybrid,
-        )
-        result = attrs.evolve(result, reference=reference)
-    fitted = max_model_len is None
-    notes = _notes(layer_specs, aligned, groups, limits, cfg.max_model_len, hybrid, fitted=fitted)
-    return attrs.evolve(
-        result, notes=notes, max_model_len_fitted=fitted, num_blocks_given=num_blocks is not None
-    )
+    Raises:
+        InsufficientMemoryError: not even one request fits (of one token, when fitting).
+    """
+    if not groups:
+        return limits
+    if not fit:
+        check_fits(groups, available, limits)
+        return limits
+    fitted = fit_max_model_len(groups, available, limits)
+    if fitted == 0:
+        check_fits(groups, available, attrs.evolve(limits, max_model_len=1))
+    return attrs.evolve(limits, max_model_len=fitted)
 
 
 def print_plan(model: str | Path | ModelConfig, **options: Any) -> KVCachePlan:
-    """Plan ``model`` (see :func:`plan`, same options), print its summary and return it.
+    """Plan ``model`` (see :func:`~kvcore.plan`, same options), print its summary and return it.
 
     The summary lists every group (type, layers, block size, page size,
     blocks per request, wasted bytes per block), then the block count, the

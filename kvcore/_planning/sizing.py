@@ -168,7 +168,7 @@ def get_kv_cache_config(
     """Size the pool for ``groups`` in ``available_memory`` bytes and lay out the tensors.
 
     Args:
-        groups: The KV cache groups (see :func:`kvcore.get_kv_cache_groups`).
+        groups: The KV cache groups (see :func:`kvcore.planning.get_kv_cache_groups`).
         available_memory: Bytes for the KV cache.
         num_blocks: Use this many blocks instead of what the memory holds.
         layout: ``"layer_outer"`` or ``"block_outer"``.
@@ -267,9 +267,9 @@ def get_kv_cache_configs(
         available_memory: Each worker's bytes for the KV cache.
         limits: Token limits, for the memory check.
         num_blocks: Give every worker this many blocks instead.
-        hybrid: See :func:`kvcore.get_kv_cache_groups`.
-        layout: See :func:`kvcore.get_kv_cache_groups`.
-        group_size_rule: See :func:`kvcore.get_kv_cache_groups`.
+        hybrid: See :func:`kvcore.planning.get_kv_cache_groups`.
+        layout: See :func:`kvcore.planning.get_kv_cache_groups`.
+        group_size_rule: See :func:`kvcore.planning.get_kv_cache_groups`.
 
     Raises:
         InvalidConfigError: one layer has different specs on two workers, the

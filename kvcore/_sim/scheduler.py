@@ -37,7 +37,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -79,6 +79,38 @@ def _arrival_mode(instance: object, attribute: attrs.Attribute[Any], value: Any)
     if value not in ARRIVAL_MODES:
         msg = f"arrival must be one of {', '.join(ARRIVAL_MODES)}, got {value!r}"
         raise InvalidConfigError(msg)
+
+
+_T = TypeVar("_T")
+
+
+class _Step:
+    """What one scheduling step has decided so far."""
+
+    __slots__ = (
+        "budget",
+        "has_prefill",
+        "manager_ns",
+        "num_tokens",
+        "only_decodes",
+        "preempted",
+        "scheduled",
+    )
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget  # tokens still schedulable
+        self.scheduled: list[tuple[SimRequest, int]] = []
+        self.manager_ns = 0
+        self.preempted = False
+        # Every scheduled request decoded one token (no admission, no prefill chunk).
+        self.only_decodes = True
+        self.num_tokens = 0
+        self.has_prefill = False
+
+    def schedule(self, entry: SimRequest, num_new: int) -> None:
+        self.scheduled.append((entry, num_new))
+        self.budget -= num_new
+
 
 
 @attrs.frozen(kw_only=True)
@@ -224,116 +256,111 @@ class Scheduler:
                 although no request is running (the pool is too small for it).
         """
         self._admit_arrivals()
-        manager = self.manager
-        manager.new_step_starts()
-        allocate = manager.allocate_slots
+        self.manager.new_step_starts()
+        step = _Step(self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        if not step.preempted:
+            self._schedule_waiting(step)
+        if not step.scheduled:
+            # After a self-preemption the next step retries with the pool to itself.
+            if self.waiting and not self.running and not step.preempted:
+                raise self._unservable(self.waiting[0])
+            return
+        if self.on_step is not None:
+            self.on_step([(e.request, n) for e, n in step.scheduled if e.request is not None])
+        self._run(step)
+        self._account(step)
+
+    def _timed(self, kind: int, step: _Step, call: Callable[..., _T], *arguments: Any) -> _T:
+        """``call(*arguments)``, its time (less the clock's) counted for ``kind`` and ``step``."""
         clock = time.perf_counter_ns
-        overhead = self.timer_overhead_ns
-        durations = [t.durations for t in self.op_times]
-        budget = self.config.max_num_batched_tokens
+        start = clock()
+        result = call(*arguments)
+        elapsed = clock() - start - self.timer_overhead_ns
+        self.op_times[kind].durations.append(elapsed)
+        step.manager_ns += elapsed
+        return result
+
+    def _schedule_running(self, step: _Step) -> None:
+        """Give every running request its next tokens, preempting the newest when full."""
         running = self.running
-        waiting = self.waiting
-        scheduled: list[tuple[SimRequest, int]] = []
-        step_ns = 0
-        preempted = False
-        only_decodes = True
+        allocate = self.manager.allocate_slots
         index = 0
-        while index < len(running) and budget > 0:
+        while index < len(running) and step.budget > 0:
             entry = running[index]
             request = entry.request
             assert request is not None
             num_new = request.num_tokens - request.num_computed_tokens
             kind = _DECODE if num_new == 1 and entry.num_output else _PREFILL
-            if kind != _DECODE:
-                only_decodes = False
-            if num_new > budget:
-                num_new = budget
+            step.only_decodes = step.only_decodes and kind == _DECODE
+            num_new = min(num_new, step.budget)
             while True:
-                start = clock()
-                blocks = allocate(request, num_new)
-                elapsed = clock() - start - overhead
-                durations[kind].append(elapsed)
-                step_ns += elapsed
+                blocks = self._timed(kind, step, allocate, request, num_new)
                 if blocks is not None:
                     break
                 victim = running.pop()
-                step_ns += self._preempt(victim, durations[_PREEMPT])
-                preempted = True
+                step.manager_ns += self._preempt(victim, self.op_times[_PREEMPT].durations)
+                step.preempted = True
                 if victim is entry:
                     break
             if blocks is None:
-                break
-            scheduled.append((entry, num_new))
-            budget -= num_new
+                return
+            step.schedule(entry, num_new)
             index += 1
 
-        if not preempted:
-            get_computed_blocks = manager.get_computed_blocks
-            max_num_seqs = self.config.max_num_seqs
-            on_lookup = self.on_lookup
-            while waiting and budget > 0 and len(running) < max_num_seqs:
-                entry = waiting[0]
-                request = entry.request
-                if request is None:
-                    trace = entry.trace
-                    request = entry.request = Request(trace.request_id, trace.prompt_token_ids)
-                if on_lookup is not None:
-                    on_lookup(entry)
-                start = clock()
-                hit_blocks, num_hit = get_computed_blocks(request)
-                elapsed = clock() - start - overhead
-                durations[_LOOKUP].append(elapsed)
-                step_ns += elapsed
-                num_new = request.num_tokens - num_hit
-                if num_new > budget:
-                    num_new = budget
-                start = clock()
-                blocks = allocate(request, num_new, num_hit, hit_blocks)
-                elapsed = clock() - start - overhead
-                durations[_ADMIT].append(elapsed)
-                step_ns += elapsed
-                if blocks is None:
-                    break
-                waiting.popleft()
-                running.append(entry)
-                only_decodes = False
-                request.num_computed_tokens = num_hit
-                if entry.first_hit is None:
-                    entry.first_hit = num_hit
-                    self.hit_tokens += num_hit
-                    self.prompt_tokens += request.num_tokens
-                else:
-                    self.resume_hit_tokens += num_hit
-                scheduled.append((entry, num_new))
-                budget -= num_new
+    def _schedule_waiting(self, step: _Step) -> None:
+        """Admit waiting requests, head first, while they fit the budget and the pool."""
+        manager = self.manager
+        waiting = self.waiting
+        while waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
+            entry = waiting[0]
+            request = entry.request
+            if request is None:
+                trace = entry.trace
+                request = entry.request = Request(trace.request_id, trace.prompt_token_ids)
+            if self.on_lookup is not None:
+                self.on_lookup(entry)
+            hit_blocks, num_hit = self._timed(_LOOKUP, step, manager.get_computed_blocks, request)
+            num_new = min(request.num_tokens - num_hit, step.budget)
+            blocks = self._timed(
+                _ADMIT, step, manager.allocate_slots, request, num_new, num_hit, hit_blocks
+            )
+            if blocks is None:
+                return
+            waiting.popleft()
+            self.running.append(entry)
+            step.only_decodes = False
+            request.num_computed_tokens = num_hit
+            self._count_hit(entry, request, num_hit)
+            step.schedule(entry, num_new)
 
-        if not scheduled:
-            # After a self-preemption the next step retries with the pool to itself.
-            if waiting and not running and not preempted:
-                head = waiting[0]
-                msg = (
-                    f"request {head.trace.request_id!r} ({head.trace.input_length} prompt "
-                    f"tokens) cannot be admitted even with every block free "
-                    f"({self.usable_blocks} blocks); raise --memory or lower --max-model-len"
-                )
-                raise UnservableRequestError(msg)
-            return
+    def _count_hit(self, entry: SimRequest, request: Request, num_hit: int) -> None:
+        if entry.first_hit is None:
+            entry.first_hit = num_hit
+            self.hit_tokens += num_hit
+            self.prompt_tokens += request.num_tokens
+        else:
+            self.resume_hit_tokens += num_hit
 
-        if self.on_step is not None:
-            self.on_step([(e.request, n) for e, n in scheduled if e.request is not None])
-        # Run the step: advance computed tokens, sample, finish.
-        free = manager.free
-        num_tokens = 0
+    def _unservable(self, head: SimRequest) -> UnservableRequestError:
+        msg = (
+            f"request {head.trace.request_id!r} ({head.trace.input_length} prompt "
+            f"tokens) cannot be admitted even with every block free "
+            f"({self.usable_blocks} blocks); raise --memory or lower --max-model-len"
+        )
+        return UnservableRequestError(msg)
+
+    def _run(self, step: _Step) -> None:
+        """Run the step: advance computed tokens, sample, free the finished requests."""
+        free = self.manager.free
         finished = False
-        has_prefill = False
-        for entry, num_new in scheduled:
+        for entry, num_new in step.scheduled:
             request = entry.request
             assert request is not None
-            num_tokens += num_new
+            step.num_tokens += num_new
             computed = request.num_computed_tokens + num_new
             request.num_computed_tokens = computed
-            if num_new > 1:
-                has_prefill = True
+            step.has_prefill = step.has_prefill or num_new > 1
             if computed < request.num_tokens:
                 continue  # a prefill chunk that does not reach the end yet
             if entry.num_output < entry.output_target:
@@ -341,31 +368,29 @@ class Scheduler:
                 self._next_token -= 1
                 entry.num_output += 1
             if entry.num_output >= entry.output_target:
-                start = clock()
-                free(request)
-                elapsed = clock() - start - overhead
-                durations[_FREE].append(elapsed)
-                step_ns += elapsed
+                self._timed(_FREE, step, free, request)
                 entry.finished = True
                 entry.request = None
                 finished = True
         if finished:
-            self.running = running = [e for e in running if not e.finished]
-            self.num_finished += sum(1 for e, _ in scheduled if e.finished)
+            self.running = [e for e in self.running if not e.finished]
+            self.num_finished += sum(1 for e, _ in step.scheduled if e.finished)
+
+    def _account(self, step: _Step) -> None:
+        """Count the step: its manager time, tokens, clock, and the pool's use."""
         self.step_count += 1
-        self.step_manager_ns.append(step_ns)
-        if only_decodes:
+        self.step_manager_ns.append(step.manager_ns)
+        if step.only_decodes:
             self.decode_steps += 1
-            self.decode_step_ns += step_ns
-        self.scheduled_tokens += num_tokens
-        self.prefill_steps += has_prefill
+            self.decode_step_ns += step.manager_ns
+        self.scheduled_tokens += step.num_tokens
+        self.prefill_steps += step.has_prefill
         config = self.config
-        self.clock_ms += config.step_ms + num_tokens * config.token_us / 1000.0
+        self.clock_ms += config.step_ms + step.num_tokens * config.token_us / 1000.0
         used = self.usable_blocks - self._pool.get_num_free_blocks()
         self.sum_used_blocks += used
-        if used > self.peak_used_blocks:
-            self.peak_used_blocks = used
-        self.sum_running += len(running)
+        self.peak_used_blocks = max(self.peak_used_blocks, used)
+        self.sum_running += len(self.running)
         if self.sampler.wants(self.step_count):
             self.sampler.add(self._sample(used))
 

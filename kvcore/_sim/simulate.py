@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -218,9 +218,74 @@ def simulate(
         # An unknown name is refused before the plan and the ceiling are worked out.
         eviction = select_policy(eviction, registry.eviction_policies)
     plan = plan_for(options, registry)
-    config = plan.kv_cache_config
-    max_model_len = plan.max_model_len
-    groups = _group_plans(config, registry)
+    groups = _group_plans(plan.kv_cache_config, registry)
+    _check_cacheable(options, groups)
+    admitted = admissible(workload, plan.max_model_len)
+    cacheable = [g.block_size for g in groups if g.prefix_cached]
+    granularity = math.lcm(*cacheable) if cacheable else 1
+    ceiling_hits = prefix_reuse_hits([r.trace for r in admitted.accepted], granularity)
+    setup_s = time.perf_counter() - started
+
+    replay_started = time.perf_counter()
+    accepted = admitted.accepted
+    run = _replay(plan, registry, options, accepted, ceiling_hits, eviction, progress, attach)
+    replay_s = time.perf_counter() - replay_started
+    belady_hit_tokens = None
+    if options.with_belady and options.enable_caching:
+        if eviction == BELADY:
+            belady_hit_tokens = run.scheduler.hit_tokens
+        else:
+            oracle_run = _replay(plan, registry, options, accepted, ceiling_hits, BELADY, progress)
+            belady_hit_tokens = oracle_run.scheduler.hit_tokens
+    scheduler = run.scheduler
+    manager = _manager_time(scheduler)
+    return SimulationReport(
+        model=options.model,
+        workload=admitted.summary(workload),
+        plan=PlanSummary(
+            memory=options.memory,
+            num_blocks=plan.kv_cache_config.num_blocks,
+            max_model_len=plan.max_model_len,
+            groups=groups,
+        ),
+        scheduler=SchedulerSummary(
+            **attrs.asdict(options.scheduler),
+            hash_algorithm=options.hash_algorithm,
+            prefix_caching=options.enable_caching,
+        ),
+        eviction=EvictionResult(
+            policy=_policy_name(options.eviction),
+            evicted_blocks=run.manager.block_pool.num_evicted,
+            belady_hit_tokens=belady_hit_tokens,
+        ),
+        finished=scheduler.num_finished,
+        prefix_cache=PrefixCacheResult(
+            hit_tokens=scheduler.hit_tokens,
+            prompt_tokens=scheduler.prompt_tokens,
+            ceiling_tokens=sum(ceiling_hits),
+            ceiling_block_size=granularity,
+        ),
+        preemptions=Preemptions(
+            count=scheduler.num_preemptions,
+            requests=len(scheduler.preempted_ids),
+            lost_tokens=scheduler.lost_tokens,
+            resume_hit_tokens=scheduler.resume_hit_tokens,
+        ),
+        blocks=_block_use(scheduler, groups),
+        steps=_step_stats(scheduler),
+        manager=manager,
+        timing=Timing(
+            total_s=time.perf_counter() - started,
+            setup_s=setup_s,
+            replay_s=replay_s,
+            simulator_overhead_s=replay_s - manager.total_s,
+            timer_overhead_ns=scheduler.timer_overhead_ns,
+        ),
+        samples=tuple(scheduler.sampler.samples),
+    )
+
+
+def _check_cacheable(options: SimulationOptions, groups: Sequence[GroupPlan]) -> None:
     never_cached = sorted({g.kind for g in groups if not g.prefix_cached})
     if options.enable_caching and never_cached:
         msg = (
@@ -230,6 +295,38 @@ def simulate(
         )
         raise InvalidConfigError(msg)
 
+
+@attrs.frozen
+class Admitted:
+    """The requests of a workload an engine accepts, as :func:`admissible` sorted them."""
+
+    accepted: list[SimRequest]
+    rejected: int  # prompts leaving no room for one output token
+    capped: int  # outputs cut to fit max_model_len
+
+    def summary(self, workload: Workload) -> WorkloadSummary:
+        """The workload part of a report."""
+        return WorkloadSummary(
+            name=workload.name,
+            seed=workload.seed,
+            requests=len(workload.requests),
+            bad_lines=len(workload.bad_lines),
+            rejected_too_long=self.rejected,
+            output_capped=self.capped,
+            prompt_tokens=sum(r.trace.input_length for r in self.accepted),
+            output_tokens=sum(r.output_target for r in self.accepted),
+        )
+
+
+def admissible(workload: Workload, max_model_len: int) -> Admitted:
+    """The requests of ``workload`` an engine accepts, outputs capped at ``max_model_len``.
+
+    A prompt that leaves no room for one output token is rejected, as an
+    engine's input validation would.
+
+    Raises:
+        InvalidConfigError: the workload has requests but none is short enough.
+    """
     accepted: list[SimRequest] = []
     rejected = capped = 0
     for trace in workload.requests:
@@ -248,27 +345,17 @@ def simulate(
             "raise --max-model-len, or --memory if max_model_len was lowered to fit it"
         )
         raise InvalidConfigError(msg)
-    cacheable = [g.block_size for g in groups if g.prefix_cached]
-    granularity = math.lcm(*cacheable) if cacheable else 1
-    ceiling_hits = prefix_reuse_hits([r.trace for r in accepted], granularity)
-    setup_s = time.perf_counter() - started
+    return Admitted(accepted, rejected, capped)
 
-    replay_started = time.perf_counter()
-    run = _replay(plan, registry, options, accepted, ceiling_hits, eviction, progress, attach)
-    replay_s = time.perf_counter() - replay_started
-    belady_hit_tokens = None
-    if options.with_belady and options.enable_caching:
-        if eviction == BELADY:
-            belady_hit_tokens = run.scheduler.hit_tokens
-        else:
-            oracle_run = _replay(plan, registry, options, accepted, ceiling_hits, BELADY, progress)
-            belady_hit_tokens = oracle_run.scheduler.hit_tokens
 
-    scheduler = run.scheduler
-    manager_ns = sum(sum(t.durations) for t in scheduler.op_times)
-    per_step = sorted(scheduler.step_manager_ns)
-    steps = scheduler.step_count
-    samples = tuple(scheduler.sampler.samples)
+def _policy_name(eviction: object) -> str:
+    if isinstance(eviction, str):
+        return eviction
+    return getattr(eviction, "__name__", type(eviction).__name__)
+
+
+def _block_use(scheduler: Scheduler, groups: Sequence[GroupPlan]) -> BlockUse:
+    samples = scheduler.sampler.samples
     group_use = []
     for index, group in enumerate(groups):
         held = [s.group_blocks[index] for s in samples]
@@ -280,86 +367,41 @@ def simulate(
                 mean=sum(held) / len(held) if held else 0.0,
             )
         )
-    policy_name = (
-        options.eviction
-        if isinstance(options.eviction, str)
-        else getattr(options.eviction, "__name__", type(options.eviction).__name__)
+    steps = scheduler.step_count
+    return BlockUse(
+        usable=scheduler.usable_blocks,
+        peak=scheduler.peak_used_blocks,
+        mean=scheduler.sum_used_blocks / steps if steps else 0.0,
+        groups=tuple(group_use),
+        samples=len(samples),
+        sample_interval_steps=scheduler.sampler.interval,
     )
-    return SimulationReport(
-        model=options.model,
-        workload=WorkloadSummary(
-            name=workload.name,
-            seed=workload.seed,
-            requests=len(workload.requests),
-            bad_lines=len(workload.bad_lines),
-            rejected_too_long=rejected,
-            output_capped=capped,
-            prompt_tokens=sum(r.trace.input_length for r in accepted),
-            output_tokens=sum(r.output_target for r in accepted),
+
+
+def _step_stats(scheduler: Scheduler) -> StepStats:
+    steps = scheduler.step_count
+    return StepStats(
+        count=steps,
+        with_prefill=scheduler.prefill_steps,
+        scheduled_tokens=scheduler.scheduled_tokens,
+        simulated_s=scheduler.clock_ms / 1000.0,
+        mean_running=scheduler.sum_running / steps if steps else 0.0,
+    )
+
+
+def _manager_time(scheduler: Scheduler) -> ManagerTime:
+    manager_ns = sum(sum(t.durations) for t in scheduler.op_times)
+    per_step = sorted(scheduler.step_manager_ns)
+    steps = scheduler.step_count
+    decode_steps = scheduler.decode_steps
+    return ManagerTime(
+        total_s=manager_ns / 1e9,
+        per_step_mean_us=manager_ns / steps / 1e3 if steps else 0.0,
+        per_step_p50_us=percentile(per_step, 0.50) / 1e3,
+        per_step_p99_us=percentile(per_step, 0.99) / 1e3,
+        decode_steps=decode_steps,
+        per_decode_step_mean_us=(
+            scheduler.decode_step_ns / decode_steps / 1e3 if decode_steps else 0.0
         ),
-        plan=PlanSummary(
-            memory=options.memory,
-            num_blocks=config.num_blocks,
-            max_model_len=max_model_len,
-            groups=groups,
-        ),
-        scheduler=SchedulerSummary(
-            **attrs.asdict(options.scheduler),
-            hash_algorithm=options.hash_algorithm,
-            prefix_caching=options.enable_caching,
-        ),
-        eviction=EvictionResult(
-            policy=policy_name,
-            evicted_blocks=run.manager.block_pool.num_evicted,
-            belady_hit_tokens=belady_hit_tokens,
-        ),
-        finished=scheduler.num_finished,
-        prefix_cache=PrefixCacheResult(
-            hit_tokens=scheduler.hit_tokens,
-            prompt_tokens=scheduler.prompt_tokens,
-            ceiling_tokens=sum(ceiling_hits),
-            ceiling_block_size=granularity,
-        ),
-        preemptions=Preemptions(
-            count=scheduler.num_preemptions,
-            requests=len(scheduler.preempted_ids),
-            lost_tokens=scheduler.lost_tokens,
-            resume_hit_tokens=scheduler.resume_hit_tokens,
-        ),
-        blocks=BlockUse(
-            usable=scheduler.usable_blocks,
-            peak=scheduler.peak_used_blocks,
-            mean=scheduler.sum_used_blocks / steps if steps else 0.0,
-            groups=tuple(group_use),
-            samples=len(samples),
-            sample_interval_steps=scheduler.sampler.interval,
-        ),
-        steps=StepStats(
-            count=steps,
-            with_prefill=scheduler.prefill_steps,
-            scheduled_tokens=scheduler.scheduled_tokens,
-            simulated_s=scheduler.clock_ms / 1000.0,
-            mean_running=scheduler.sum_running / steps if steps else 0.0,
-        ),
-        manager=ManagerTime(
-            total_s=manager_ns / 1e9,
-            per_step_mean_us=manager_ns / steps / 1e3 if steps else 0.0,
-            per_step_p50_us=percentile(per_step, 0.50) / 1e3,
-            per_step_p99_us=percentile(per_step, 0.99) / 1e3,
-            decode_steps=scheduler.decode_steps,
-            per_decode_step_mean_us=(
-                scheduler.decode_step_ns / scheduler.decode_steps / 1e3
-                if scheduler.decode_steps
-                else 0.0
-            ),
-            ops={kind: t.summary() for kind, t in zip(OP_KINDS, scheduler.op_times, strict=True)},
-        ),
-        timing=Timing(
-            total_s=time.perf_counter() - started,
-            setup_s=setup_s,
-            replay_s=replay_s,
-            simulator_overhead_s=replay_s - manager_ns / 1e9,
-            timer_overhead_ns=scheduler.timer_overhead_ns,
-        ),
-        samples=samples,
+        ops={kind: t.summary() for kind, t in zip(OP_KINDS, scheduler.op_times, strict=True)},
     )

@@ -42,7 +42,7 @@ class EngineView:
     """One engine's cached blocks, as the index sees them, behind a block pool's lookups.
 
     The coordinator's hit search calls :meth:`get_cached_block` and
-    :meth:`match_prefix` exactly as it calls a :class:`~kvcore.BlockPool`'s;
+    :meth:`match_prefix` exactly as it calls a :class:`~kvcore.managers.BlockPool`'s;
     the answers come from the index's membership :class:`Snapshot` of the
     request being scored. Block ids in answers are stand-ins (only the count
     matters to the caller).

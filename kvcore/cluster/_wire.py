@@ -93,7 +93,7 @@ class EventBatch:
 
     Attributes:
         ts: When the batch was made, in seconds (the engine's clock).
-        events: kvcore's events (:class:`~kvcore.BlockStored`, ...), oldest first.
+        events: kvcore's events (:class:`~kvcore.events.BlockStored`, ...), oldest first.
         data_parallel_rank: The publishing engine's data-parallel rank, if set.
     """
 

@@ -15,7 +15,7 @@ from kvcore_plugins.chunked_local.spec import ChunkedLocalAttentionSpec
 __all__ = ["build_chunked_local", "kvcore_layer_kinds", "kvcore_model_layers"]
 
 
-def build_chunked_local(layer: kvcore.LayerConfig) -> ChunkedLocalAttentionSpec:
+def build_chunked_local(layer: kvcore.planning.LayerConfig) -> ChunkedLocalAttentionSpec:
     """A chunked layer; the chunk is the config's ``attention_chunk_size`` (Llama-4)."""
     return ChunkedLocalAttentionSpec(
         block_size=layer.block_size,
@@ -27,15 +27,19 @@ def build_chunked_local(layer: kvcore.LayerConfig) -> ChunkedLocalAttentionSpec:
 
 
 @kvcore.hookimpl
-def kvcore_layer_kinds() -> list[kvcore.LayerKind]:
+def kvcore_layer_kinds() -> list[kvcore.planning.LayerKind]:
     """Claim ``"chunked_local"`` layers (``"chunked_attention"`` in Hugging Face configs)."""
     return [
-        kvcore.LayerKind("chunked_local", build_chunked_local, aliases=("chunked_attention",))
+        kvcore.planning.LayerKind(
+            "chunked_local", build_chunked_local, aliases=("chunked_attention",)
+        )
     ]
 
 
 @kvcore.hookimpl
-def kvcore_model_layers(model: kvcore.ModelFields) -> Sequence[kvcore.ModelLayer] | None:
+def kvcore_model_layers(
+    model: kvcore.planning.ModelFields,
+) -> Sequence[kvcore.planning.ModelLayer] | None:
     """Llama-4: layers with RoPE attend within their chunk, RoPE-less layers to everything.
 
     ``no_rope_layers`` lists 1 for each RoPE layer; without it every 4th
@@ -50,6 +54,6 @@ def kvcore_model_layers(model: kvcore.ModelFields) -> Sequence[kvcore.ModelLayer
             f"model {model.name!r} ({model.source}): no_rope_layers must list one 0 or 1 per "
             f"layer ({count} layers), got {uses_rope!r}; fix no_rope_layers"
         )
-        raise kvcore.InvalidConfigError(msg)
+        raise kvcore.errors.InvalidConfigError(msg)
     kinds = ["chunked_local" if uses_rope[i] else "full_attention" for i in range(count)]
     return model.decoder_layers(kinds)

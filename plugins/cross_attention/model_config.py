@@ -15,7 +15,7 @@ from kvcore_plugins.cross_attention.spec import CrossAttentionSpec
 __all__ = ["build_cross_attention", "kvcore_layer_kinds", "kvcore_model_layers"]
 
 
-def build_cross_attention(layer: kvcore.LayerConfig) -> CrossAttentionSpec:
+def build_cross_attention(layer: kvcore.planning.LayerConfig) -> CrossAttentionSpec:
     """A decoder layer's attention to the encoder output (Whisper's ``encoder_attn``)."""
     return CrossAttentionSpec(
         block_size=layer.block_size,
@@ -26,23 +26,31 @@ def build_cross_attention(layer: kvcore.LayerConfig) -> CrossAttentionSpec:
 
 
 @kvcore.hookimpl
-def kvcore_layer_kinds() -> list[kvcore.LayerKind]:
+def kvcore_layer_kinds() -> list[kvcore.planning.LayerKind]:
     """Claim ``"cross_attention"`` layers (encoder-decoder models)."""
     return [
-        kvcore.LayerKind("cross_attention", build_cross_attention, module_name="encoder_attn")
+        kvcore.planning.LayerKind(
+            "cross_attention", build_cross_attention, module_name="encoder_attn"
+        )
     ]
 
 
 @kvcore.hookimpl
-def kvcore_model_layers(model: kvcore.ModelFields) -> Sequence[kvcore.ModelLayer] | None:
+def kvcore_model_layers(
+    model: kvcore.planning.ModelFields,
+) -> Sequence[kvcore.planning.ModelLayer] | None:
     """Encoder-decoder models: per decoder layer, full self-attention and cross attention."""
     if not model.get("is_encoder_decoder"):
         return None
     layers = []
     for i in range(model.require_int("decoder_layers")):
         prefix = f"model.decoder.layers.{i}"
-        layers.append(kvcore.ModelLayer(name=f"{prefix}.self_attn", index=i, kind="full_attention"))
         layers.append(
-            kvcore.ModelLayer(name=f"{prefix}.encoder_attn", index=i, kind="cross_attention")
+            kvcore.planning.ModelLayer(name=f"{prefix}.self_attn", index=i, kind="full_attention")
+        )
+        layers.append(
+            kvcore.planning.ModelLayer(
+                name=f"{prefix}.encoder_attn", index=i, kind="cross_attention"
+            )
         )
     return layers

@@ -10,7 +10,7 @@ from kvcore_plugins.full_attention.spec import FullAttentionSpec
 __all__ = ["build_full_attention", "kvcore_layer_kinds", "kvcore_model_layers"]
 
 
-def build_full_attention(layer: kvcore.LayerConfig) -> FullAttentionSpec:
+def build_full_attention(layer: kvcore.planning.LayerConfig) -> FullAttentionSpec:
     """A full-attention layer: the model's KV heads and head size."""
     return FullAttentionSpec(
         block_size=layer.block_size,
@@ -21,9 +21,9 @@ def build_full_attention(layer: kvcore.LayerConfig) -> FullAttentionSpec:
 
 
 @kvcore.hookimpl
-def kvcore_layer_kinds() -> list[kvcore.LayerKind]:
+def kvcore_layer_kinds() -> list[kvcore.planning.LayerKind]:
     """Claim ``"full_attention"`` layers."""
-    return [kvcore.LayerKind("full_attention", build_full_attention)]
+    return [kvcore.planning.LayerKind("full_attention", build_full_attention)]
 
 
 #: Fields that show a config is not a plain decoder: the layouts other plugins
@@ -41,7 +41,7 @@ OTHER_LAYOUT_FIELDS = (
 )
 
 
-def _plain_decoder(model: kvcore.ModelFields) -> bool:
+def _plain_decoder(model: kvcore.planning.ModelFields) -> bool:
     if any(model.get(field) for field in OTHER_LAYOUT_FIELDS):
         return False
     if model.get("model_type") == "gemma2":
@@ -50,7 +50,9 @@ def _plain_decoder(model: kvcore.ModelFields) -> bool:
 
 
 @kvcore.hookimpl(trylast=True)
-def kvcore_model_layers(model: kvcore.ModelFields) -> Sequence[kvcore.ModelLayer] | None:
+def kvcore_model_layers(
+    model: kvcore.planning.ModelFields,
+) -> Sequence[kvcore.planning.ModelLayer] | None:
     """A plain decoder, when no other plugin recognized the config: every layer full attention.
 
     Asked last (``trylast``). A config carrying a field of another layout

@@ -8,7 +8,7 @@ from kvcore_plugins.hidden_state.spec import HiddenStateCacheSpec
 __all__ = ["build_hidden_state", "kvcore_layer_kinds"]
 
 
-def build_hidden_state(layer: kvcore.LayerConfig) -> HiddenStateCacheSpec:
+def build_hidden_state(layer: kvcore.planning.LayerConfig) -> HiddenStateCacheSpec:
     """One hidden-state vector of ``hidden_size`` elements per token.
 
     ``num_hidden_state_vectors`` (default 1) stacks several vectors per token,
@@ -23,6 +23,6 @@ def build_hidden_state(layer: kvcore.LayerConfig) -> HiddenStateCacheSpec:
 
 
 @kvcore.hookimpl
-def kvcore_layer_kinds() -> list[kvcore.LayerKind]:
+def kvcore_layer_kinds() -> list[kvcore.planning.LayerKind]:
     """Claim ``"hidden_state"`` layers (listed in a config's ``layer_types``)."""
-    return [kvcore.LayerKind("hidden_state", build_hidden_state)]
+    return [kvcore.planning.LayerKind("hidden_state", build_hidden_state)]

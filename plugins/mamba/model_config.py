@@ -43,7 +43,7 @@ __all__ = [
 
 
 def _state(
-    layer: kvcore.LayerConfig, shapes: tuple[tuple[int, ...], ...], mamba_type: str
+    layer: kvcore.planning.LayerConfig, shapes: tuple[tuple[int, ...], ...], mamba_type: str
 ) -> MambaSpec:
     align = layer.option("cache_mode") == "align"
     return MambaSpec(
@@ -55,7 +55,7 @@ def _state(
     )
 
 
-def build_mamba1(layer: kvcore.LayerConfig) -> MambaSpec:
+def build_mamba1(layer: kvcore.planning.LayerConfig) -> MambaSpec:
     """A Mamba-1 layer (Jamba): ``mamba_expand``, ``mamba_d_conv``, ``mamba_d_state``."""
     inner = layer.require_int("mamba_expand") * layer.require_int("hidden_size")
     conv = layer.require_int("mamba_d_conv")
@@ -63,7 +63,7 @@ def build_mamba1(layer: kvcore.LayerConfig) -> MambaSpec:
     return _state(layer, ((conv - 1, inner), (inner, state)), "mamba1")
 
 
-def build_mamba2(layer: kvcore.LayerConfig) -> MambaSpec:
+def build_mamba2(layer: kvcore.planning.LayerConfig) -> MambaSpec:
     """A Mamba-2 layer: ``mamba_n_heads``, ``mamba_d_head``, ``mamba_n_groups``, ..."""
     heads = layer.require_int("mamba_n_heads")
     head_dim = layer.require_int("mamba_d_head")
@@ -76,7 +76,7 @@ def build_mamba2(layer: kvcore.LayerConfig) -> MambaSpec:
     )
 
 
-def build_gated_delta_net(layer: kvcore.LayerConfig) -> MambaSpec:
+def build_gated_delta_net(layer: kvcore.planning.LayerConfig) -> MambaSpec:
     """A gated-delta-net linear-attention layer (Qwen3-Next ``linear_*`` fields)."""
     k_heads = layer.require_int("linear_num_key_heads")
     v_heads = layer.require_int("linear_num_value_heads")
@@ -88,20 +88,22 @@ def build_gated_delta_net(layer: kvcore.LayerConfig) -> MambaSpec:
 
 
 @kvcore.hookimpl
-def kvcore_layer_kinds() -> list[kvcore.LayerKind]:
+def kvcore_layer_kinds() -> list[kvcore.planning.LayerKind]:
     """Claim ``"mamba"``, ``"mamba2"`` and ``"linear_attention"`` layers."""
     return [
-        kvcore.LayerKind("mamba", build_mamba1, module_name="mamba"),
-        kvcore.LayerKind("mamba2", build_mamba2),
-        kvcore.LayerKind("linear_attention", build_gated_delta_net, module_name="linear_attn"),
+        kvcore.planning.LayerKind("mamba", build_mamba1, module_name="mamba"),
+        kvcore.planning.LayerKind("mamba2", build_mamba2),
+        kvcore.planning.LayerKind(
+            "linear_attention", build_gated_delta_net, module_name="linear_attn"
+        ),
     ]
 
 
 @kvcore.hookimpl
-def kvcore_plan_options() -> list[kvcore.PlanOption]:
+def kvcore_plan_options() -> list[kvcore.planning.PlanOption]:
     """``cache_mode``: how states are cached (``"align"`` or ``"none"``)."""
     return [
-        kvcore.PlanOption(
+        kvcore.planning.PlanOption(
             name="cache_mode",
             default="align",
             choices=("align", "none"),
@@ -112,7 +114,9 @@ def kvcore_plan_options() -> list[kvcore.PlanOption]:
 
 
 @kvcore.hookimpl
-def kvcore_model_layers(model: kvcore.ModelFields) -> Sequence[kvcore.ModelLayer] | None:
+def kvcore_model_layers(
+    model: kvcore.planning.ModelFields,
+) -> Sequence[kvcore.planning.ModelLayer] | None:
     """Jamba (``attn_layer_period``) and Qwen3-Next (``full_attention_interval``) layouts."""
     if model.layer_types is not None:
         return None

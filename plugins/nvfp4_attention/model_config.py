@@ -8,7 +8,7 @@ from kvcore_plugins.nvfp4_attention.spec import NVFP4, NVFP4AttentionSpec
 __all__ = ["build_nvfp4_attention", "kvcore_layer_kinds"]
 
 
-def build_nvfp4_attention(layer: kvcore.LayerConfig) -> NVFP4AttentionSpec:
+def build_nvfp4_attention(layer: kvcore.planning.LayerConfig) -> NVFP4AttentionSpec:
     """A full-attention layer of the model's KV heads and head size, stored in NVFP4.
 
     The kind fixes the format: the dtype the model is planned with (the
@@ -24,6 +24,6 @@ def build_nvfp4_attention(layer: kvcore.LayerConfig) -> NVFP4AttentionSpec:
 
 
 @kvcore.hookimpl
-def kvcore_layer_kinds() -> list[kvcore.LayerKind]:
+def kvcore_layer_kinds() -> list[kvcore.planning.LayerKind]:
     """Claim ``"nvfp4_attention"`` layers."""
-    return [kvcore.LayerKind("nvfp4_attention", build_nvfp4_attention)]
+    return [kvcore.planning.LayerKind("nvfp4_attention", build_nvfp4_attention)]

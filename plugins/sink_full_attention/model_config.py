@@ -8,7 +8,7 @@ from kvcore_plugins.sink_full_attention.spec import SinkFullAttentionSpec
 __all__ = ["build_sink_full_attention", "kvcore_layer_kinds"]
 
 
-def build_sink_full_attention(layer: kvcore.LayerConfig) -> SinkFullAttentionSpec:
+def build_sink_full_attention(layer: kvcore.planning.LayerConfig) -> SinkFullAttentionSpec:
     """A full-attention layer with ``sink_len`` learned sink tokens (config field ``sink_len``)."""
     return SinkFullAttentionSpec(
         block_size=layer.block_size,
@@ -20,6 +20,6 @@ def build_sink_full_attention(layer: kvcore.LayerConfig) -> SinkFullAttentionSpe
 
 
 @kvcore.hookimpl
-def kvcore_layer_kinds() -> list[kvcore.LayerKind]:
+def kvcore_layer_kinds() -> list[kvcore.planning.LayerKind]:
     """Claim ``"sink_full_attention"`` layers."""
-    return [kvcore.LayerKind("sink_full_attention", build_sink_full_attention)]
+    return [kvcore.planning.LayerKind("sink_full_attention", build_sink_full_attention)]

@@ -19,7 +19,7 @@ _FULL = "full_attention"
 _SLIDING = "sliding_window"
 
 
-def build_sliding_window(layer: kvcore.LayerConfig) -> SlidingWindowSpec:
+def build_sliding_window(layer: kvcore.planning.LayerConfig) -> SlidingWindowSpec:
     """A sliding-window layer; the window is the config's ``sliding_window``."""
     return SlidingWindowSpec(
         block_size=layer.block_size,
@@ -31,13 +31,17 @@ def build_sliding_window(layer: kvcore.LayerConfig) -> SlidingWindowSpec:
 
 
 @kvcore.hookimpl
-def kvcore_layer_kinds() -> list[kvcore.LayerKind]:
+def kvcore_layer_kinds() -> list[kvcore.planning.LayerKind]:
     """Claim ``"sliding_window"`` layers (``"sliding_attention"`` in Hugging Face configs)."""
-    return [kvcore.LayerKind(_SLIDING, build_sliding_window, aliases=("sliding_attention",))]
+    return [
+        kvcore.planning.LayerKind(_SLIDING, build_sliding_window, aliases=("sliding_attention",))
+    ]
 
 
 @kvcore.hookimpl
-def kvcore_model_layers(model: kvcore.ModelFields) -> Sequence[kvcore.ModelLayer] | None:
+def kvcore_model_layers(
+    model: kvcore.planning.ModelFields,
+) -> Sequence[kvcore.planning.ModelLayer] | None:
     """Window patterns of configs without ``layer_types``.
 
     ``sliding_window_pattern`` ``p`` (Gemma-3): every ``p``-th layer is full

@@ -91,7 +91,7 @@ class Engine:
 
 def prompt_hits(index: ClusterIndex, tokens: Sequence[int]) -> dict[str, int]:
     request = kvcore.Request("probe", list(tokens))
-    kvcore.BlockHasher(index.hash_block_size, "fast").update(request)
+    kvcore.hashing.BlockHasher(index.hash_block_size, "fast").update(request)
     return index.hit_tokens(request.block_hashes, request.num_tokens)
 
 

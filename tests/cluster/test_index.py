@@ -230,7 +230,7 @@ def test_all_blocks_cleared_empties_the_engine(make_index):
     assert engine.manager.reset_prefix_cache()
     index = make_index(specs)
     index.submit("a", *engine.publish())
-    assert isinstance(engine.batches[0][2][-1], kvcore.AllBlocksCleared)
+    assert isinstance(engine.batches[0][2][-1], kvcore.events.AllBlocksCleared)
     assert index.cached_blocks("a") == 0
     assert prompt_hits(index, list(range(21)))["a"] == 0
 
@@ -255,11 +255,13 @@ def test_an_engine_silent_past_the_heartbeat_timeout_is_dropped(make_index):
 
 def test_bad_submissions_are_refused_with_the_field_named():
     index = ClusterIndex(layout([full()]))
-    with pytest.raises(kvcore.InvalidConfigError, match="seq must be an integer >= 0, got -1"):
+    with pytest.raises(
+        kvcore.errors.InvalidConfigError, match="seq must be an integer >= 0, got -1"
+    ):
         index.submit("a", -1, 0.0, [])
-    with pytest.raises(kvcore.InvalidConfigError, match="engine must be a non-empty string"):
+    with pytest.raises(kvcore.errors.InvalidConfigError, match="engine must be a non-empty string"):
         index.submit("", 0, 0.0, [])
-    with pytest.raises(kvcore.InvalidConfigError, match="heartbeat_timeout_s must be > 0"):
+    with pytest.raises(kvcore.errors.InvalidConfigError, match="heartbeat_timeout_s must be > 0"):
         ClusterIndex(layout([full()]), heartbeat_timeout_s=0)
     assert index.live_engines() == []
 

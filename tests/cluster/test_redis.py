@@ -88,7 +88,7 @@ def test_the_router_routes_by_load_while_redis_is_down_and_recovers(
     def serve(conversation: int, turn: int):
         tokens = [conversation * 1000 + t for t in range(8 * (turn + 1))]
         request = kvcore.Request(f"c{conversation}-{turn}", tokens)
-        kvcore.BlockHasher(index.hash_block_size, "fast").update(request)
+        kvcore.hashing.BlockHasher(index.hash_block_size, "fast").update(request)
         fleet = [EngineLoad(engine=n, running=len(e.live)) for n, e in engines.items()]
         route = router.route(request.block_hashes, request.num_tokens, fleet)
         engine = engines[route.engine]

@@ -50,7 +50,7 @@ def holder():
     index.heartbeat("e0")
     index.submit("e1", *engine.publish())
     request = kvcore.Request("next", [*prompt, 99])
-    kvcore.BlockHasher(index.hash_block_size, "fast").update(request)
+    kvcore.hashing.BlockHasher(index.hash_block_size, "fast").update(request)
     return index, request
 
 
@@ -76,9 +76,13 @@ def test_prefix_passes_over_an_engine_far_above_the_mean(holder):
 
 
 def test_bad_router_options_name_the_choices():
-    with pytest.raises(kvcore.InvalidConfigError, match="router policy must be one of prefix"):
+    with pytest.raises(
+        kvcore.errors.InvalidConfigError, match="router policy must be one of prefix"
+    ):
         Router("sticky")
-    with pytest.raises(kvcore.InvalidConfigError, match="'prefix' router needs a cluster index"):
+    with pytest.raises(
+        kvcore.errors.InvalidConfigError, match="'prefix' router needs a cluster index"
+    ):
         Router("prefix")
-    with pytest.raises(kvcore.InvalidConfigError, match="no engine to route to"):
+    with pytest.raises(kvcore.errors.InvalidConfigError, match="no engine to route to"):
         Router("round_robin").route([], 1, [])

@@ -18,7 +18,7 @@ DIGEST = bytes(range(32))
 
 def events(group: int = 0, kind: str | None = None) -> list:
     return [
-        kvcore.BlockStored(
+        kvcore.events.BlockStored(
             block_hashes=[11, 12],
             parent_block_hash=None,
             token_ids=[1, 2, 3, 4],
@@ -26,7 +26,7 @@ def events(group: int = 0, kind: str | None = None) -> list:
             group_idx=group,
             kind=kind,
         ),
-        kvcore.BlockStored(
+        kvcore.events.BlockStored(
             block_hashes=[DIGEST],
             parent_block_hash=12,
             token_ids=[5, 6],
@@ -36,8 +36,8 @@ def events(group: int = 0, kind: str | None = None) -> list:
             group_idx=group,
             kind=kind,
         ),
-        kvcore.BlockRemoved(block_hashes=[11, 12], group_idx=group),
-        kvcore.AllBlocksCleared(),
+        kvcore.events.BlockRemoved(block_hashes=[11, 12], group_idx=group),
+        kvcore.events.AllBlocksCleared(),
     ]
 
 
@@ -76,7 +76,7 @@ def test_garbage_is_refused_with_a_reason():
 
 
 def test_runs_of_removals_merge_in_order():
-    r = kvcore.BlockRemoved
+    r = kvcore.events.BlockRemoved
     stored = events()[0]
     merged = merge_removals(
         [

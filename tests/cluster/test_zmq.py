@@ -22,8 +22,8 @@ def publisher():
     pub.close()
 
 
-def stored(n: int) -> kvcore.BlockStored:
-    return kvcore.BlockStored(
+def stored(n: int) -> kvcore.events.BlockStored:
+    return kvcore.events.BlockStored(
         block_hashes=[n], parent_block_hash=None, token_ids=[n] * 4, block_size=4
     )
 

@@ -322,8 +322,9 @@ def with_plugin(name, attribute):
 def test_two_kernels_for_one_spec_class_conflict():
     registry = with_plugin("dup", "Duplicate")
     with pytest.raises(
-        PluginConflictError, match=r"FullAttentionSpec is claimed by plugin 'dup' and by plugin "
-        r"'full_attention' \(both through kvcore_reference_kernels\)"
+        PluginConflictError,
+        match=r"FullAttentionSpec is claimed by plugin 'dup' and by plugin "
+        r"'full_attention' \(both through kvcore_reference_kernels\)",
     ):
         reference_kernels(registry)
 
@@ -353,7 +354,7 @@ def test_a_third_party_kernel_runs_through_the_executor():
     groups = [
         KVCacheGroupSpec(layer_names=(name,), kv_cache_spec=spec) for name, spec in layers.items()
     ]
-    config = kvcore.get_kv_cache_config(groups, 0, num_blocks=24)
+    config = kvcore.planning.get_kv_cache_config(groups, 0, num_blocks=24)
     manager = kvcore.KVCacheManager(config, 64, registry=registry)
     model = ReferenceModel.from_specs(layers, registry=registry)
     executor = Executor(model, manager, kvcore.allocate_kv_cache(config))

@@ -123,11 +123,9 @@ def test_a_model_whose_layers_hold_no_cache_is_refused(tmp_path):
         return []  # e.g. a plugin that knows the model's layers keep no KV cache
 
     recognizer = types.SimpleNamespace(kvcore_model_layers=kvcore.hookimpl(kvcore_model_layers))
-    plugins = kvcore.load_registry(
-        only=[*BUILTIN_PLUGINS, "empty"], plugins={"empty": recognizer}
-    )
+    plugins = kvcore.load_registry(only=[*BUILTIN_PLUGINS, "empty"], plugins={"empty": recognizer})
     with pytest.raises(InvalidConfigError, match="the config describes no cache-holding layer"):
-        kvcore.load_model_config(write(tmp_path), plugins)
+        kvcore.planning.load_model_config(write(tmp_path), plugins)
 
 
 def test_layer_types_that_are_not_strings(tmp_path):
@@ -163,7 +161,7 @@ def test_hugging_face_kind_names_are_accepted_silently(tmp_path):
         attention_chunk_size=64,
         layer_types=["sliding_attention", "chunked_attention"],
     )
-    config = kvcore.load_model_config(path, registry())
+    config = kvcore.planning.load_model_config(path, registry())
     assert [layer.kind for layer in config.layers] == ["sliding_window", "chunked_local"]
 
 
@@ -185,16 +183,16 @@ def test_a_former_kvcore_kind_name_warns_and_still_plans(tmp_path):
 def test_a_plain_decoder_is_not_assumed_when_its_fields_say_otherwise():
     only_full = kvcore.load_registry(only=["full_attention"])
     with pytest.raises(UnknownSpecError) as info:
-        kvcore.load_model_config("mistral-7b", only_full)
+        kvcore.planning.load_model_config("mistral-7b", only_full)
     message = str(info.value)
     assert "no selected kvcore plugin recognizes its layers (plugins asked: full_attention)" in (
         message
     )
     assert "Installed but not selected: " in message
     assert "sliding_window" in message
-    assert [layer.kind for layer in kvcore.load_model_config("llama-3-8b", only_full).layers] == [
-        "full_attention"
-    ] * 32
+    assert [
+        layer.kind for layer in kvcore.planning.load_model_config("llama-3-8b", only_full).layers
+    ] == ["full_attention"] * 32
 
 
 def test_the_first_recognizer_wins_in_pluggy_order():
@@ -237,7 +235,7 @@ def test_an_option_of_an_unselected_plugin_is_named():
 
 
 def test_a_builder_reading_an_undeclared_option_is_named():
-    layer = kvcore.LayerConfig(
+    layer = kvcore.planning.LayerConfig(
         name="x",
         index=0,
         kind="k",
@@ -293,7 +291,7 @@ def test_a_state_follows_the_attention_block_size_only_when_its_class_says_so():
 def test_a_config_without_a_dtype_is_planned_in_float32_as_transformers_builds_it(tmp_path):
     # transformers builds a model whose config names no dtype in float32 (torch's
     # default); its cache must hold float32 too, not bfloat16.
-    cfg = kvcore.load_model_config(write(tmp_path), registry=registry())
+    cfg = kvcore.planning.load_model_config(write(tmp_path), registry=registry())
     assert cfg.dtype == "float32"
     p = kvcore.plan(write(tmp_path), memory="1GiB", registry=registry())
     assert p.kv_cache_config.kv_cache_groups[0].kv_cache_spec.dtype == "float32"

@@ -71,8 +71,8 @@ def _overlap(x: range, y: range) -> bool:
 
 def test_hybrid_layer_outer_views_alias_the_ith_layers_of_groups():
     specs = {"f0": full(), "f1": full(), "s0": sw(), "s1": sw(), "s2": sw(), "s3": sw()}
-    groups = kvcore.get_kv_cache_groups(specs)
-    config = kvcore.get_kv_cache_config(groups, 6 * 2 * P)
+    groups = kvcore.planning.get_kv_cache_groups(specs)
+    config = kvcore.planning.get_kv_cache_config(groups, 6 * 2 * P)
     assert config.num_blocks == 6
     buffers = kvcore.allocate_kv_cache(config)
     assert buffers.buffer.numel() == 12 * P
@@ -97,8 +97,8 @@ def test_hybrid_layer_outer_views_alias_the_ith_layers_of_groups():
 
 def test_block_outer_views():
     specs = {"f0": full(), "f1": full(), "s0": sw(), "s1": sw()}
-    groups = kvcore.get_kv_cache_groups(specs, layout="block_outer")
-    config = kvcore.get_kv_cache_config(groups, 5 * 2 * P, layout="block_outer")
+    groups = kvcore.planning.get_kv_cache_groups(specs, layout="block_outer")
+    config = kvcore.planning.get_kv_cache_config(groups, 5 * 2 * P, layout="block_outer")
     buffers = kvcore.allocate_kv_cache(config)
     assert buffers["f1"].stride()[0] == 2 * P // 4  # elements of float32
     _check_writes_land_where_planned(buffers)
@@ -107,7 +107,9 @@ def test_block_outer_views():
 
 def test_uniform_type_layers_of_different_heads_never_alias():
     specs = {"wide": full(head_size=128), "narrow": full(head_size=64), "w2": full(head_size=128)}
-    config = kvcore.get_kv_cache_config(kvcore.get_kv_cache_groups(specs), 4 * 5 * P)
+    config = kvcore.planning.get_kv_cache_config(
+        kvcore.planning.get_kv_cache_groups(specs), 4 * 5 * P
+    )
     buffers = kvcore.allocate_kv_cache(config)
     assert buffers["narrow"].shape == (4, 16, 2, 128)
     assert buffers["wide"].shape == (4, 16, 2, 256)
@@ -117,8 +119,8 @@ def test_uniform_type_layers_of_different_heads_never_alias():
 
 def test_padded_mamba_states_next_to_attention():
     specs = {"a": full(), "m0": mamba(P // 2), "m1": mamba(P // 2)}
-    groups = kvcore.get_kv_cache_groups(specs)
-    config = kvcore.get_kv_cache_config(groups, 3 * P)
+    groups = kvcore.planning.get_kv_cache_groups(specs)
+    config = kvcore.planning.get_kv_cache_config(groups, 3 * P)
     buffers = kvcore.allocate_kv_cache(config)
     (state,) = buffers.views["m0"]
     assert state.shape == (3, P // 8)
@@ -146,5 +148,5 @@ def test_allocation_needs_a_planned_config():
     config = kvcore.KVCacheConfig.from_specs(4, [full()])
     with pytest.raises(InvalidConfigError, match="has no tensors"):
         kvcore.allocate_kv_cache(config)
-    empty = kvcore.allocate_kv_cache(kvcore.get_kv_cache_config([], 0))
+    empty = kvcore.allocate_kv_cache(kvcore.planning.get_kv_cache_config([], 0))
     assert empty.buffer.numel() == 0

@@ -94,7 +94,7 @@ def test_the_quantized_mix_shows_its_padded_pages(capsys):
 
 def test_list_models(capsys):
     assert main(["plan", "--list-models"]) == 0
-    assert capsys.readouterr().out.split() == kvcore.list_models()
+    assert capsys.readouterr().out.split() == kvcore.planning.list_models()
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ from kvcore_plugins.mamba import MambaSpec
 from kvcore_plugins.mla import MLAAttentionSpec
 from kvcore_plugins.sliding_window import SlidingWindowSpec
 
-groups_of = kvcore.get_kv_cache_groups
+groups_of = kvcore.planning.get_kv_cache_groups
 
 
 # -- 72-78: one type, or full + sliding window with equal pages ---------------------------
@@ -71,7 +71,7 @@ def test_77_three_full_seven_sliding_window():
 def test_78_draft_layer_below_one_and_a_half_pads_one_slot():
     groups = groups_of(layers(full=6, sw=5))
     assert [len(g.layer_names) for g in groups] == [6, 5]
-    assert kvcore.get_kv_cache_config(groups, 192 * P).num_blocks == 32
+    assert kvcore.planning.get_kv_cache_config(groups, 192 * P).num_blocks == 32
 
 
 # -- 79-81, 90-93: different pages of one type, merging, uniformity -----------------------
@@ -166,7 +166,7 @@ def test_94_block_outer_packs_mla_with_its_indexer_and_splits_the_windows():
     ]
     assert groups[0].layer_specs is not None
     assert groups[0].kv_cache_spec == specs["mla.0"]
-    config = kvcore.get_kv_cache_config(
+    config = kvcore.planning.get_kv_cache_config(
         groups, 100 * groups[0].bytes_per_block, layout="block_outer"
     )
     widest = max(g.bytes_per_block for g in groups)

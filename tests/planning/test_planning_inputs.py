@@ -21,7 +21,7 @@ from kvcore_plugins.full_attention import FullAttentionSpec
 
 
 def kinds(model: str) -> list[str]:
-    return [layer.kind for layer in kvcore.load_model_config(model).layers]
+    return [layer.kind for layer in kvcore.planning.load_model_config(model).layers]
 
 
 def test_layer_kinds_derived_from_each_config_style():
@@ -43,7 +43,7 @@ def test_layer_kinds_derived_from_each_config_style():
 
 
 def test_encoder_decoder_layers_have_self_and_cross_attention():
-    config = kvcore.load_model_config("whisper-large-v3")
+    config = kvcore.planning.load_model_config("whisper-large-v3")
     assert [(layer.name, layer.kind) for layer in config.layers[:2]] == [
         ("model.decoder.layers.0.self_attn", "full_attention"),
         ("model.decoder.layers.0.encoder_attn", "cross_attention"),
@@ -52,15 +52,15 @@ def test_encoder_decoder_layers_have_self_and_cross_attention():
 
 
 def test_nested_text_config_is_merged_and_vision_dropped():
-    config = kvcore.load_model_config("gemma-3-27b")
+    config = kvcore.planning.load_model_config("gemma-3-27b")
     assert config.config["num_hidden_layers"] == 62
     assert config.dtype == "bfloat16"
     assert "vision_config" not in config.config
 
 
 def test_specs_built_by_the_plugins():
-    config = kvcore.load_model_config("deepseek-v3")
-    specs = kvcore.build_layer_specs(config, registry(), block_size=64)
+    config = kvcore.planning.load_model_config("deepseek-v3")
+    specs = kvcore.planning.build_layer_specs(config, registry(), block_size=64)
     spec = specs["model.layers.0.self_attn"]
     assert (type(spec).__name__, spec.head_size, spec.num_kv_heads, spec.block_size) == (
         "MLAAttentionSpec",
@@ -68,8 +68,8 @@ def test_specs_built_by_the_plugins():
         1,
         64,
     )
-    config = kvcore.load_model_config("qwen3-next-80b")
-    specs = kvcore.build_layer_specs(config, registry(), block_size=16, dtype="fp8")
+    config = kvcore.planning.load_model_config("qwen3-next-80b")
+    specs = kvcore.planning.build_layer_specs(config, registry(), block_size=16, dtype="fp8")
     state = specs["model.layers.0.linear_attn"]
     assert state.shapes == ((3, 8192), (32, 128, 128))
     assert state.dtypes == ("bfloat16", "bfloat16")  # states keep the model dtype
@@ -119,7 +119,7 @@ def test_unknown_model_lists_the_shipped_ones():
 
 
 def test_memory_below_one_request_states_the_minimum():
-    with pytest.raises(kvcore.InsufficientMemoryError) as info:
+    with pytest.raises(kvcore.errors.InsufficientMemoryError) as info:
         kvcore.plan("llama-3-8b", memory="1GiB", max_model_len=8192, registry=registry())
     message = str(info.value)
     assert "needs 1075838976 bytes (1.00 GiB)" in message
@@ -129,7 +129,7 @@ def test_memory_below_one_request_states_the_minimum():
 
 
 def test_memory_below_one_token_states_the_minimum():
-    with pytest.raises(kvcore.InsufficientMemoryError, match="max_model_len=1 tokens needs"):
+    with pytest.raises(kvcore.errors.InsufficientMemoryError, match="max_model_len=1 tokens needs"):
         kvcore.plan("llama-3-8b", memory="3MiB", registry=registry())
 
 
@@ -278,7 +278,7 @@ def test_builders_must_return_specs(tmp_path):
 
 
 def test_layer_config_helpers():
-    layer = kvcore.LayerConfig(
+    layer = kvcore.planning.LayerConfig(
         name="x",
         index=0,
         kind="full_attention",
@@ -325,9 +325,9 @@ def test_allocation_only_fallback_through_a_config(tmp_path):
 def test_a_shipped_name_wins_over_a_folder_of_the_same_name(tmp_path, monkeypatch):
     (tmp_path / "llama-3-8b").mkdir()
     monkeypatch.chdir(tmp_path)
-    assert kvcore.load_model_config("llama-3-8b").source.endswith("models/llama-3-8b.json")
+    assert kvcore.planning.load_model_config("llama-3-8b").source.endswith("models/llama-3-8b.json")
     with pytest.raises(InvalidConfigError, match=r"no model config at '\./llama-3-8b'"):
-        kvcore.load_model_config("./llama-3-8b")
+        kvcore.planning.load_model_config("./llama-3-8b")
 
 
 def test_hidden_state_and_mamba2_kinds_from_a_config(tmp_path):

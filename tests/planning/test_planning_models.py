@@ -419,7 +419,7 @@ def test_shipped_model_table(model):
 
 def test_every_shipped_model_is_pinned():
     hand = {"llama-3-8b", "gpt-oss-20b", "gemma-3-27b", "qwen3-next-80b", "nvfp4-hybrid-8b"}
-    assert set(kvcore.list_models()) == hand | set(TABLE)
+    assert set(kvcore.planning.list_models()) == hand | set(TABLE)
 
 
 def test_llama_4_scout_is_fitted_to_the_memory():
@@ -435,7 +435,7 @@ def test_llama_4_scout_is_fitted_to_the_memory():
     )
     assert p.model_max_len == 10_485_760
     assert p.max_model_len == 106_153 * 16
-    with pytest.raises(kvcore.InsufficientMemoryError):
+    with pytest.raises(kvcore.errors.InsufficientMemoryError):
         plan("llama-4-scout", max_model_len=p.max_model_len + 16)
 
 
@@ -484,7 +484,7 @@ def test_planned_config_drives_the_manager(model):
 
 
 def test_plan_json_and_summary(capsys):
-    p = kvcore.print_plan("whisper-large-v3", memory="8GiB", registry=registry())
+    p = kvcore.planning.print_plan("whisper-large-v3", memory="8GiB", registry=registry())
     out = capsys.readouterr().out
     assert out.startswith(
         "whisper-large-v3: 64 cache layers (32 full_attention, 32 cross_attention)"

@@ -30,7 +30,7 @@ BUILTIN_PLUGINS = (
     "nvfp4_attention",
 )
 
-NULL = kvcore.NULL_BLOCK
+NULL = kvcore.managers.NULL_BLOCK
 
 
 @functools.cache
@@ -121,7 +121,7 @@ def tokens(*runs: tuple[int, int]) -> list[int]:
 
 def cached_pattern(
     pattern: Sequence[bool], block_size: int, num_groups: int = 1, free: bool = False
-) -> tuple[kvcore.BlockPool, list[str], list[list[int]]]:
+) -> tuple[kvcore.managers.BlockPool, list[str], list[list[int]]]:
     """A pool whose cache holds a block at position ``i`` iff ``pattern[i]``.
 
     Returns the pool, the hashes of every position (``"h<i>"``) and, per group,
@@ -130,7 +130,7 @@ def cached_pattern(
     ``g - 1``'s. The blocks are held (reference count 1) unless ``free``:
     then they are freed, first position first, and stay cached.
     """
-    pool = kvcore.BlockPool(len(pattern) * num_groups + 1, num_groups=num_groups)
+    pool = kvcore.managers.BlockPool(len(pattern) * num_groups + 1, num_groups=num_groups)
     hashes = [f"h{i}" for i in range(len(pattern))]
     request = kvcore.Request("pattern", [0] * max(1, len(pattern) * block_size))
     request.block_hashes.extend(hashes)

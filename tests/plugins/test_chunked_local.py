@@ -24,7 +24,7 @@ T, F = True, False
 
 def test_skipped_tokens_are_those_before_the_current_chunk():
     """Seed examples, chunk 8: 13 computed skip 8, 8 skip 8, 7 skip 0."""
-    manager = ChunkedLocalAttentionManager(chunked(8, block_size=4), kvcore.BlockPool(4))
+    manager = ChunkedLocalAttentionManager(chunked(8, block_size=4), kvcore.managers.BlockPool(4))
     assert [manager.get_num_skipped_tokens(n) for n in (13, 8, 7, 0, 24)] == [8, 8, 0, 0, 24]
 
 
@@ -99,7 +99,7 @@ def test_remove_skipped_blocks():
     n = 0 frees nothing; 4 skips 4 tokens = blocks 0-1; 6 still 4 (rest
     intact); 12 skips 12 tokens = blocks 0-5.
     """
-    pool = kvcore.BlockPool(20)
+    pool = kvcore.managers.BlockPool(20)
     manager = ChunkedLocalAttentionManager(chunked(4, block_size=2), pool)
     manager.allocate_new_blocks("r", 22)
 

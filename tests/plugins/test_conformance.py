@@ -75,7 +75,7 @@ def test_the_compressed_example_passes():
 
 
 def broken_registry(*layer_types: kvcore.LayerType[Any]) -> kvcore.Registry:
-    return kvcore.registry_from_layer_types(
+    return kvcore.registry.registry_from_layer_types(
         [kvcore.LayerType(FullAttentionSpec, FullAttentionManager), *layer_types]
     )
 
@@ -178,7 +178,7 @@ class LeakingManager(FullAttentionManager):
         table = self.req_to_blocks.get(request_id, [])
         if total_computed_tokens > 32 and table and table[0]:
             self.block_pool.free_blocks([table[0]])
-            table[0] = kvcore.NULL_BLOCK
+            table[0] = kvcore.managers.NULL_BLOCK
 
     def steady_until(self, request_id: str, num_computed_tokens: int) -> int:
         return num_computed_tokens  # every step the full way

@@ -41,7 +41,7 @@ def test_blocks_are_allocated_once_from_the_encoder_length():
 
 
 def test_lookups_and_caching_raise_a_clear_error():
-    pool = kvcore.BlockPool(10)
+    pool = kvcore.managers.BlockPool(10)
     manager = CrossAttentionManager(cross(16), pool)
     with pytest.raises(
         PrefixCachingNotSupportedError,

@@ -24,7 +24,7 @@ T, F = True, False
 
 
 def test_only_the_last_state_is_needed():
-    manager = MambaManager(mamba(16), kvcore.BlockPool(4))
+    manager = MambaManager(mamba(16), kvcore.managers.BlockPool(4))
     assert [manager.get_num_skipped_tokens(n) for n in (0, 1, 16, 17, 48)] == [-1, 0, 15, 16, 47]
 
 

@@ -100,7 +100,7 @@ def test_window_below_one_is_refused_naming_the_field(window):
 
 def test_skipped_tokens_are_those_before_the_next_tokens_window():
     """Seed example: window 4 after 7 computed tokens skips 4 (tokens 0-3)."""
-    manager = SlidingWindowManager(sw(4, block_size=2), kvcore.BlockPool(4))
+    manager = SlidingWindowManager(sw(4, block_size=2), kvcore.managers.BlockPool(4))
     assert [manager.get_num_skipped_tokens(n) for n in (0, 3, 4, 7, 11)] == [0, 0, 1, 4, 8]
 
 
@@ -271,7 +271,7 @@ def test_remove_skipped_blocks():
     (tail first: 8 skipped tokens = 4 blocks, the walk stops at the null at
     index 1).
     """
-    pool = kvcore.BlockPool(20)
+    pool = kvcore.managers.BlockPool(20)
     manager = SlidingWindowManager(sw(4, block_size=2), pool)
     manager.allocate_new_blocks("r", 22)
     assert manager.req_to_blocks["r"] == list(range(1, 12))
@@ -317,7 +317,7 @@ def test_adopting_a_hit_takes_exactly_what_was_predicted():
     Predicted 2 (1 new + 1 revived); the pool loses 2 free blocks, the table
     has 2 entries (the revived hit, then the new block), and 1 block is new.
     """
-    pool = kvcore.BlockPool(6)
+    pool = kvcore.managers.BlockPool(6)
     request = kvcore.Request("x", [1, 2, 3, 4])
     request.block_hashes.extend(["h0"])
     (hit_block,) = pool.get_new_blocks(1)

@@ -162,7 +162,7 @@ def kvcore_layer_types() -> list[kvcore.LayerType[Any]]:
     return [kvcore.LayerType(StreamingSpec, StreamingManager)]
 
 
-def build_streaming(layer: kvcore.LayerConfig) -> StreamingSpec:
+def build_streaming(layer: kvcore.planning.LayerConfig) -> StreamingSpec:
     """A streaming layer: ``streaming_sink_tokens`` sinks and a ``streaming_window`` window."""
     return StreamingSpec(
         block_size=layer.block_size,
@@ -175,15 +175,16 @@ def build_streaming(layer: kvcore.LayerConfig) -> StreamingSpec:
 
 
 @kvcore.hookimpl
-def kvcore_layer_kinds() -> list[kvcore.LayerKind]:
+def kvcore_layer_kinds() -> list[kvcore.planning.LayerKind]:
     """Claim ``"streaming"`` layers."""
-    return [kvcore.LayerKind("streaming", build_streaming)]
+    return [kvcore.planning.LayerKind("streaming", build_streaming)]
 
 
 @kvcore.hookimpl
-def kvcore_model_layers(model: kvcore.ModelFields) -> Sequence[kvcore.ModelLayer] | None:
+def kvcore_model_layers(
+    model: kvcore.planning.ModelFields,
+) -> Sequence[kvcore.planning.ModelLayer] | None:
     """Every layer of a config with ``streaming_sink_tokens`` and no ``layer_types``."""
     if model.layer_types is not None or model.get("streaming_sink_tokens") is None:
         return None
     return model.decoder_layers(["streaming"] * model.num_hidden_layers)
-

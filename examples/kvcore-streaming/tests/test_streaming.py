@@ -119,13 +119,13 @@ def test_it_is_planned_from_a_config_next_to_full_attention(tmp_path):
 
 
 def test_its_own_fields_are_recognized_without_layer_types(tmp_path):
-    config = kvcore.load_model_config(write_config(tmp_path), registry())
+    config = kvcore.planning.load_model_config(write_config(tmp_path), registry())
     assert config.kinds == {"streaming": 4}
 
 
 def test_a_missing_field_is_named(tmp_path):
     path = write_config(tmp_path, streaming_window=None, layer_types=["streaming"] * 4)
-    with pytest.raises(kvcore.InvalidConfigError, match="needs 'streaming_window'"):
+    with pytest.raises(kvcore.errors.InvalidConfigError, match="needs 'streaming_window'"):
         kvcore.plan(path, registry=registry())
 
 
