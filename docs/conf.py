@@ -20,6 +20,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
     "kvcore_api",
+    "kvcore_changelog",
 ]
 
 exclude_patterns = ["_build", "_ext"]
@@ -27,7 +28,7 @@ templates_path = []
 
 # -- HTML: furo (as pytest and attrs); the on-page table of contents is its right column.
 html_theme = "furo"
-html_title = "kvcore"
+html_title = f"kvcore {release}"
 html_short_title = "kvcore"
 html_static_path = ["_static"]
 html_css_files = ["kvcore.css"]
