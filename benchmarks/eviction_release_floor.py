@@ -38,6 +38,7 @@ import time
 from collections.abc import Hashable, Mapping, Sequence
 
 from _common import positive_int
+from _record import Recorder, ratio
 from bench_eviction import BUILTIN_MAX_MODEL_LEN, BUILTIN_MODEL, replay_options
 
 from kvcore._eviction import credit
@@ -156,7 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--limit", type=positive_int, default=2000, help="built-in workload requests"
     )
     parser.add_argument("--rounds", type=positive_int, default=2, help="replays per variant")
+    parser.add_argument("--record", action="store_true",
+                        help="write benchmarks/results/eviction-release-floor-POLICY.json")
     args = parser.parse_args(argv)
+    recorder = Recorder(f"eviction-release-floor-{args.policy}", enabled=args.record)
     means: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     calls: dict[str, int] = {}
     for _ in range(args.rounds):
@@ -170,6 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for variant in VARIANTS:
         mean = statistics.median(means[variant])
         print(f"{variant:10} {calls[variant]:7} {mean:9.2f} {mean / lru:6.2f}")
+        recorder.figure(f"{variant}.us", f"{mean:.2f} µs")
+        recorder.figure(f"{variant}.ratio", ratio(mean / lru))
+    recorder.write()
     return 0
 
 
