@@ -50,19 +50,24 @@ def start() -> None:
     _START_LOAD[:] = [machine_load()]
 
 
+#: What the scripts write themselves (records, plots): not a change of the code measured.
+OUTPUTS = ("benchmarks/results/", "docs/_static/")
+
+
 def commit() -> str:
-    """The checked-out commit, ``+ changes`` if tracked files differ from it."""
+    """The checked-out commit, ``+ changes`` if tracked files other than outputs differ."""
     try:
         head = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
             capture_output=True, text=True, check=True,
         ).stdout.strip()
-        dirty = subprocess.run(
+        changed = subprocess.run(
             ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True, text=True, check=True,
-        ).stdout.strip()
+        ).stdout.splitlines()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
+    dirty = [line for line in changed if not line[3:].startswith(OUTPUTS)]
     return f"{head} + changes" if dirty else head
 
 
