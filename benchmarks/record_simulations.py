@@ -100,7 +100,8 @@ def record_run(name: str, *, record: bool, show: Callable[[str], None] = print) 
     start()
     args = build_parser().parse_args(argv_of(RUNS[name]))
     report, _ = simulate_from_args(args)
-    text = format_report(report)
+    # The report names the trace by the name the docs give it, not by where it lies here.
+    text = format_report(report).replace(str(CONVERSATION_TRACE), TRACE)
     if args.plot is not None:
         text += f"\n  plot         {args.plot.rsplit('/', 1)[-1]}"
     show(text)
