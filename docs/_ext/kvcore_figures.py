@@ -272,7 +272,10 @@ def on_doctree_read(app: Sphinx, doctree: nodes.document) -> None:
             para += nodes.strong(name, name)
             para += nodes.Text(": ")
             para += nodes.literal(record["command"], record["command"])
-            para += nodes.Text(f", {record['date']}, {record['load']}, commit {record['commit']}.")
+            para += nodes.Text(f", {record['date']}, {record['load']}, commit {record['commit']}")
+            if (record.get("data") or {}).get("transcribed"):
+                para += nodes.Text(" (transcribed from runs made before kvcore recorded them)")
+            para += nodes.Text(".")
             items += nodes.list_item("", para)
         sources = nodes.container(classes=["kvcore-sources"])
         title = "Where the figures on this page come from"
