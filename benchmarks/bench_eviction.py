@@ -533,7 +533,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             "eviction-sweep", figures=figures, tables=tables,
             command="python benchmarks/bench_eviction.py --limit 1000 --jobs 2 --no-timing "
             "--record --plot docs/_static/eviction.png",
-            provenance={**last_change(args.results), "load": "not recorded (the hit rates "
+            provenance={**last_change(args.results), "load": "load not recorded (the hit rates "
                         "do not depend on it)"} if unchanged else None,
         )
     if not args.no_timing:
