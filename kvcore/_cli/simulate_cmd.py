@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -16,6 +16,12 @@ from kvcore._sim.scheduler import ARRIVAL_MODES, SchedulerConfig
 from kvcore._sim.simulate import DEFAULT_MODEL, SimulationOptions, simulate
 from kvcore._sim.workload import DEFAULT_NUM_REQUESTS, load_workload
 from kvcore.errors import InvalidConfigError
+
+if TYPE_CHECKING:
+    from kvcore._exec.report import ExecutionReport
+    from kvcore._registry import Registry
+    from kvcore._sim.report import SimulationReport
+    from kvcore._sim.workload import Workload
 
 __all__ = ["add_parser"]
 
@@ -196,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inputs(args: argparse.Namespace) -> tuple[Any, SimulationOptions, Any]:
+def _inputs(args: argparse.Namespace) -> tuple[Workload, SimulationOptions, Registry]:
     """The workload, the simulation options and the registry the arguments ask for."""
     if args.plot is not None:
         if not args.plot.lower().endswith(".png"):
@@ -231,7 +237,9 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, SimulationOptions, Any]:
     return workload, options, registry_from_args(args)
 
 
-def simulate_from_args(args: argparse.Namespace) -> tuple[Any, Any]:
+def simulate_from_args(
+    args: argparse.Namespace,
+) -> tuple[SimulationReport, ExecutionReport | None]:
     """One engine's simulation as the arguments ask: ``(report, execution or None)``.
 
     Draws the ``--plot`` if asked; prints nothing but progress. The benchmarks
