@@ -44,6 +44,9 @@ def reuse(path: Path, limit: int | None) -> dict[str, float]:
                     gaps.append(now - last_use[chunk])
                 last_use[chunk] = now
                 uses[chunk] += 1
+    if len(gaps) < 2:
+        msg = f"{path.name}: {len(gaps)} reuse(s) in {requests} requests; gaps need at least 2"
+        raise ValueError(msg)
     cuts = statistics.quantiles(gaps, n=20)  # 5 % steps: 10 % is cuts[1], 90 % cuts[17]
     quartiles = statistics.quantiles(gaps, n=4)
     return {
