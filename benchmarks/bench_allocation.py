@@ -44,6 +44,7 @@ from _common import (
     timer_overhead,
     vllm_hash_available,
 )
+from _record import Recorder, ratio
 from _replay import CATEGORIES, Case, Recording, Replay, record_ops, replay_kvcore, replay_vllm
 
 import kvcore
@@ -71,7 +72,7 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def bench_replay(args: argparse.Namespace, vllm: Any | None) -> bool:
+def bench_replay(args: argparse.Namespace, vllm: Any | None, recorder: Recorder) -> bool:
     """Per-operation times of every implementation; False if any result differed."""
     trace = list(read_mooncake_trace(args.trace, limit=args.requests))
     prompts = [r.prompt_token_ids for r in trace]
@@ -144,6 +145,8 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None) -> bool:
             if k in spreads and v in spreads:
                 ratios = [b.median / a.median for a, b in zip(spreads[k], spreads[v], strict=True)]
                 print(f"  {k + ' vs ' + vllm_name:<30}" + "".join(f"{r:>18.2f}x" for r in ratios))
+                for column, value in zip(columns, ratios, strict=True):
+                    recorder.figure(f"ratio.{algorithm}.{column.replace(' ', '-')}", ratio(value))
         print(f"  identical results (hit lengths, block ids, refusals) in every replay: {ok}")
     return ok
 
@@ -229,7 +232,7 @@ def traced_bytes(make: Callable[[], Any]) -> tuple[float, int, Any]:
     return seconds, size, value
 
 
-def bench_memory(args: argparse.Namespace, vllm: Any | None) -> None:
+def bench_memory(args: argparse.Namespace, vllm: Any | None, recorder: Recorder) -> None:
     n = args.pool_blocks
     bs = args.block_size
     print(
@@ -251,6 +254,8 @@ def bench_memory(args: argparse.Namespace, vllm: Any | None) -> None:
         parts[label] = fresh_parts, pool_components(pool, aged)
         del pool
         print(f"  {label:<28}{secs:>9.3f}{fresh / n:>15.1f}{aged / n:>14.1f}")
+        recorder.figure(f"bytes.{algorithm}.fresh", f"{fresh / n:.0f} bytes per block")
+        recorder.figure(f"bytes.{algorithm}.aged", f"{aged / n:.0f} bytes per block")
     if vllm is not None:
 
         def make_vllm() -> Any:
@@ -262,6 +267,8 @@ def bench_memory(args: argparse.Namespace, vllm: Any | None) -> None:
         del pool
         label = f"vLLM {vllm.version}, sha256 hashes"
         print(f"  {label:<28}{secs:>9.3f}{fresh / n:>15.1f}{aged / n:>14.1f}")
+        recorder.figure("bytes.vllm.fresh", f"{fresh / n:.0f} bytes per block")
+        recorder.figure("bytes.vllm.aged", f"{aged / n:.0f} bytes per block")
     print("  by component, B/block fresh / aged (sys.getsizeof of what each kvcore pool holds):")
     labels = list(parts)
     print(f"  {'component':<28}" + "".join(f"{label:>28}" for label in labels))
@@ -331,14 +338,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-blocks", type=int, default=1_000_000)
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument(
+        "--record", action="store_true", help="write benchmarks/results/bench-allocation.json"
+    )
     args = parser.parse_args(argv)
+    recorder = Recorder("bench-allocation", enabled=args.record)
 
     vllm = None if args.no_vllm else import_vllm()
     if vllm is None:
         print("vLLM not importable: kvcore alone, no ratios (see README, 'Benchmarks')")
-    ok = bench_replay(args, vllm)
+    with recorder.section("replay"):
+        ok = bench_replay(args, vllm, recorder)
     if not args.skip_memory:
-        bench_memory(args, vllm)
+        with recorder.section("memory"):
+            bench_memory(args, vllm, recorder)
+    if ok:
+        recorder.write()
     return 0 if ok else 1
 
 

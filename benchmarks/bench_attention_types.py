@@ -48,6 +48,7 @@ from _common import (
     print_load,
     timer_overhead,
 )
+from _record import Recorder, ratio, span
 from _replay import CATEGORIES, Case, Replay, record_ops, replay_kvcore, replay_vllm
 
 import kvcore
@@ -177,7 +178,7 @@ CASES = [
 ]
 
 
-def bench_allocation_paths(args: argparse.Namespace, vllm: Any | None) -> bool:
+def bench_allocation_paths(args: argparse.Namespace, vllm: Any | None, recorder: Recorder) -> bool:
     """Part 1; returns False if kvcore and vLLM disagreed on any result."""
     trace = list(read_mooncake_trace(args.trace, limit=args.requests))
     prompts = [r.prompt_token_ids[: args.max_prompt] for r in trace]
@@ -197,6 +198,7 @@ def bench_allocation_paths(args: argparse.Namespace, vllm: Any | None) -> bool:
         header += f"{'vLLM µs':>22}{'ratio':>8}"
     print(header)
     all_same = True
+    ratios: dict[str, list[float]] = {}
     for case in CASES:
         if args.only and case.name not in args.only:
             continue
@@ -224,6 +226,10 @@ def bench_allocation_paths(args: argparse.Namespace, vllm: Any | None) -> bool:
             if vllm is not None:
                 vl = Spread([s[index] for s in measured["vLLM"][0]])
                 line += f"{vl.fmt():>22}{vl.median / kv.median:>7.2f}x"
+                recorder.figure(f"ratio.{case.name}.{op.replace(' ', '-')}",
+                                ratio(vl.median / kv.median))
+                if not (case.note and "caching off" in case.note and op == "lookup"):
+                    ratios.setdefault(op, []).append(vl.median / kv.median)
             if index == 0 and case.note:
                 line += f"  ({case.note})"
             print(line)
@@ -233,6 +239,10 @@ def bench_allocation_paths(args: argparse.Namespace, vllm: Any | None) -> bool:
             else:
                 where = first_difference(measured["kvcore"][1], measured["vLLM"][1])
                 print(f"  {'':<24}RESULTS DIFFER at {where}")
+    for op, values in ratios.items():
+        # Every type and hybrid (cross attention's lookup with caching off aside).
+        recorder.figure(f"ratio.range.{op.replace(' ', '-')}",
+                        span(min(values), max(values), unit="×"))
     return all_same
 
 
@@ -338,7 +348,9 @@ def _kvcore_lookup(pool: Any, spec: SlidingWindowSpec, hashes: list[bytes], leng
     )
 
 
-def bench_sliding_window_lookup(args: argparse.Namespace, vllm: Any | None) -> bool:
+def bench_sliding_window_lookup(
+    args: argparse.Namespace, vllm: Any | None, recorder: Recorder
+) -> bool:
     """Part 2; returns False if any implementation disagreed."""
     window, bs = args.window, args.block_size
     spec = SlidingWindowSpec(block_size=bs, sliding_window=window, **ATTENTION)
@@ -402,6 +414,8 @@ def bench_sliding_window_lookup(args: argparse.Namespace, vllm: Any | None) -> b
                 line += f"  {probes[name]:>6} {times[name].fmt():>23}"
             if vllm is not None:
                 line += f"  {times['vLLM'].median / times['jump'].median:>6.1f}x"
+                recorder.figure(f"lookup.{num_tokens}.{pattern.replace(' ', '-')}",
+                                f"{times['vLLM'].median / times['jump'].median:.1f}×")
             print(line + ("" if same else "  RESULTS DIFFER"))
     print(
         "  hit: tokens found (the same for all three implementations, block for block, "
@@ -461,7 +475,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", help="attention types of part 1 to run")
     parser.add_argument("--skip-allocation", action="store_true")
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument(
+        "--record", action="store_true", help="write benchmarks/results/bench-attention-types.json"
+    )
     args = parser.parse_args(argv)
+    recorder = Recorder("bench-attention-types", enabled=args.record)
 
     vllm = None if args.no_vllm else import_vllm()
     if vllm is None:
@@ -470,11 +488,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"comparing with vLLM {vllm.version}")
     ok = True
     if not args.skip_allocation:
-        ok &= bench_allocation_paths(args, vllm)
-    ok &= bench_sliding_window_lookup(args, vllm)
+        with recorder.section("allocation"):
+            ok &= bench_allocation_paths(args, vllm, recorder)
+    with recorder.section("lookup"):
+        ok &= bench_sliding_window_lookup(args, vllm, recorder)
     if not ok:
         print("ERROR: results differ")
         return 1
+    recorder.write()
     return 0
 
 

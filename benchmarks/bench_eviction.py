@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import DATA, REPO, positive_int
+from _record import last_change, start, table, write_record
 
 from kvcore._sim import (
     SimulationOptions,
@@ -237,36 +238,50 @@ def gap_closed(lru: float, best: float, belady: float) -> float | None:
     return (best - lru) / (belady - lru)
 
 
-def table_rst(results: dict[str, dict[str, Any]], limit: int | None) -> str:
-    """One list-table per sweep: hit rate (%) per policy and size, Belady, ceiling, gap closed."""
-    cells = _cells(results, limit)
-    out = []
-    for key, title, trace, _, sizes, _ in SWEEPS:
-        rows = [size for size in sizes if all((key, size, p) in cells for p in POLICIES)]
-        if not rows:
-            continue
-        shortened = limit is not None and trace is not None
-        out += [
-            f".. list-table:: {title}" + (f" (first {limit:,} requests)" if shortened else ""),
-            "   :header-rows: 1",
-            "",
-            "   * - memory",
-            *[f"     - {policy}" for policy in POLICIES],
-            "     - ceiling",
-            "     - best online: gap closed",
-        ]
-        for size in rows:
-            hit = {p: 100 * cells[key, size, p]["hit_rate"] for p in POLICIES}
-            best = max(ONLINE, key=lambda p: hit[p])
-            closed = gap_closed(hit["lru"], hit[best], hit["belady"])
-            out += [
-                f"   * - {size} ({cells[key, size, 'lru']['num_blocks']:,} blocks)",
-                *[f"     - {hit[p]:.2f}" for p in POLICIES],
-                f"     - {100 * cells[key, size, 'lru']['ceiling_rate']:.2f}",
-                f"     - {best}: " + ("n/a" if closed is None else f"{100 * closed:.0f} %"),
-            ]
-        out.append("")
-    return "\n".join(out)
+def sweep_record(
+    results: dict[str, dict[str, Any]], limit: int | None
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The sweep's tables (one per workload: hit rate per policy and size, Belady,
+    ceiling, gap closed) and figures, for the ``eviction-sweep`` record.
+
+    Figures: ``hit.SWEEP.MEMORY.POLICY`` (% of prompt tokens),
+    ``ceiling.SWEEP``, ``gap.SWEEP.MEMORY`` (share of the LRU → Belady gap the
+    best online policy closes) for the cells of ``limit``; ``whole.`` ahead of
+    the same keys for the cells of the whole traces.
+    """
+    tables: dict[str, dict[str, Any]] = {}
+    figures: dict[str, str] = {}
+    for prefix, cells in (("", _cells(results, limit)), ("whole.", _cells(results, None))):
+        for key, title, trace, _, sizes, _ in SWEEPS:
+            rows = []
+            for size in sizes:
+                hit = {p: 100 * cells[key, size, p]["hit_rate"]
+                       for p in POLICIES if (key, size, p) in cells}
+                for policy, rate in hit.items():
+                    figures[f"{prefix}hit.{key}.{size}.{policy}"] = f"{rate:.2f} %"
+                if (key, size, "lru") in cells:
+                    ceiling = 100 * cells[key, size, "lru"]["ceiling_rate"]
+                    figures[f"{prefix}ceiling.{key}"] = f"{ceiling:.2f} %"
+                online = [p for p in ONLINE if p in hit]
+                if not online or "lru" not in hit or "belady" not in hit:
+                    continue
+                best = max(online, key=lambda p: hit[p])
+                closed = gap_closed(hit["lru"], hit[best], hit["belady"])
+                shown = "n/a" if closed is None else f"{100 * closed:.0f} %"
+                figures[f"{prefix}gap.{key}.{size}"] = shown
+                if len(hit) < len(POLICIES):
+                    continue
+                rows.append([
+                    f"{size} ({cells[key, size, 'lru']['num_blocks']:,} blocks)",
+                    *[f"{hit[p]:.2f}" for p in POLICIES], f"{ceiling:.2f}", f"{best}: {shown}",
+                ])
+            if rows and not prefix:
+                shortened = limit is not None and trace is not None
+                tables[key] = table(
+                    title + (f" (first {limit:,} requests)" if shortened else ""),
+                    ["memory", *POLICIES, "ceiling", "best online: gap closed"], rows,
+                )
+    return tables, figures
 
 
 def plot(results: dict[str, dict[str, Any]], limit: int | None, path: Path) -> None:
@@ -447,37 +462,27 @@ def run_timing(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def timing_rst(rows: Sequence[dict[str, Any]]) -> str:
+def timing_record(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The timing table and its figures (``timing.WORKLOAD.POLICY.FIGURE[.vs]``)."""
     rounds = rows[0]["rounds"] if rows else 0
-    out = [
-        f".. list-table:: Manager time (median of {rounds} lockstep rounds, lowest–highest)",
-        "   :header-rows: 1",
-        "   :class: wide-table",
-        "",
-        "   * - workload (load average)",
-        "     - policy",
-        "     - decode call (µs)",
-        "     - vs lru",
-        "     - decode step (µs)",
-        "     - vs lru",
-        "     - any step (µs)",
-        "     - vs lru",
-    ]
+    figures: dict[str, str] = {}
+    body = []
     for row in rows:
-        low, high = row["decode_range"]
-        decode_step_low, decode_step_high = row["decode_step_range"]
-        step_low, step_high = row["step_range"]
-        out += [
-            f"   * - {row['workload']} ({row['load']:.1f})",
-            f"     - {row['policy']}",
-            f"     - {row['decode_us']:.2f} ({low:.2f}–{high:.2f})",
-            f"     - {row['decode_vs_lru']:.2f}",
-            f"     - {row['decode_step_us']:.1f} ({decode_step_low:.0f}–{decode_step_high:.0f})",
-            f"     - {row['decode_step_vs_lru']:.2f}",
-            f"     - {row['step_us']:.1f} ({step_low:.0f}–{step_high:.0f})",
-            f"     - {row['step_vs_lru']:.2f}",
-        ]
-    return "\n".join(out) + "\n"
+        workload = "builtin" if row["workload"].startswith("built-in") else "qwen"
+        cells = [f"{row['workload']} ({row['load']:.1f})", row["policy"]]
+        for figure, digits in (("decode", 2), ("decode_step", 1), ("step", 1)):
+            low, high = row[f"{figure}_range"]
+            median, versus = row[f"{figure}_us"], row[f"{figure}_vs_lru"]
+            spread = f"{low:.2f}–{high:.2f}" if digits == 2 else f"{low:.0f}–{high:.0f}"
+            cells += [f"{median:.{digits}f} ({spread})", f"{versus:.2f}"]
+            key = f"timing.{workload}.{row['policy']}.{figure.replace('_', '-')}"
+            figures[key] = f"{median:.{digits}f} µs"
+            figures[f"{key}.vs"] = f"{versus:.2f}×"
+        body.append(cells)
+    header = ["workload (load average)", "policy", "decode call (µs)", "vs lru",
+              "decode step (µs)", "vs lru", "any step (µs)", "vs lru"]
+    title = f"Manager time (median of {rounds} lockstep rounds, lowest–highest)"
+    return table(title, header, body), figures
 
 
 def main(argv: Iterable[str] | None = None) -> int:
@@ -492,7 +497,11 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument(
         "--results", type=Path, default=REPO / "benchmarks" / "eviction-results.json"
     )
-    parser.add_argument("--rst", type=Path, help="write the tables (reStructuredText) here")
+    parser.add_argument(
+        "--record", action="store_true",
+        help="write benchmarks/results/eviction-sweep.json (and eviction-timing.json "
+        "unless --no-timing)",
+    )
     parser.add_argument("--plot", type=Path, help="write the hit-rate plot (PNG) here")
     parser.add_argument("--no-sweep", action="store_true", help="only redraw from --results")
     parser.add_argument("--no-timing", action="store_true", help="skip the timing phase")
@@ -509,17 +518,34 @@ def main(argv: Iterable[str] | None = None) -> int:
             )
             return 2
     results = load_results(args.results)
+    before = json.dumps(results, sort_keys=True)
+    start()
     if not args.no_sweep:
         run_sweep(args, results, args.results)
-    text = table_rst(results, args.limit)
-    print(text)
-    timing = []
+    tables, figures = sweep_record(results, args.limit)
+    for recorded in tables.values():
+        print(recorded["title"], *("  ".join(row) for row in recorded["rows"]), sep="\n  ")
+    if args.record:
+        # Cells this run did not simulate were measured by an earlier run of
+        # the sweep: their date and commit are those that stored them.
+        unchanged = json.dumps(results, sort_keys=True) == before
+        write_record(
+            "eviction-sweep", figures=figures, tables=tables,
+            command="python benchmarks/bench_eviction.py --limit 1000 --jobs 2 --no-timing "
+            "--record --plot docs/_static/eviction.png",
+            provenance={**last_change(args.results), "load": "load not recorded (the hit rates "
+                        "do not depend on it)"} if unchanged else None,
+        )
     if not args.no_timing:
+        start()
         print(f"timing ({os.getloadavg()[0]:.1f} load average at start)")
-        timing = run_timing(args)
-        text += "\n" + timing_rst(timing)
-    if args.rst:
-        args.rst.write_text(text)
+        timing_table, timing_figures = timing_record(run_timing(args))
+        if args.record:
+            write_record(
+                "eviction-timing", figures=timing_figures, tables={"timing": timing_table},
+                command=f"python benchmarks/bench_eviction.py --no-sweep --repeats "
+                f"{args.repeats} --record",
+            )
     if args.plot:
         plot(results, args.limit, args.plot)
     return 0

@@ -42,6 +42,7 @@ from _common import (
     interleaved_rounds,
     print_load,
 )
+from _record import Recorder, ratio
 from _replay import (
     ADMIT,
     AGEING_TOKEN_BASE,
@@ -139,7 +140,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")
     parser.add_argument("--hash", default="sha256", help="kvcore's hash (vLLM: sha256)")
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument(
+        "--record", action="store_true", help="write benchmarks/results/bench-long-prompts.json"
+    )
     args = parser.parse_args(argv)
+    recorder = Recorder("bench-long-prompts", enabled=args.record)
+    with recorder.section("table"):
+        ok = _run(args, recorder)
+    if ok:
+        recorder.write()
+    return 0 if ok else 1
+
+
+def _run(args: argparse.Namespace, recorder: Recorder) -> bool:
+    """Print the table; False if kvcore and vLLM disagreed."""
     vllm = None if args.no_vllm else import_vllm()
     bs = args.block_size
     print(
@@ -181,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                 if vllm is not None:
                     vl = Spread([s[index] for s in measured["vLLM"][0]])
                     line += f"{vl.fmt(1e3):>22}{vl.median / kv.median:>7.2f}x"
+                    slug = phase.replace(" + ", "+").replace(" ", "-")
+                    key = f"ratio.{CASES.index(case)}.{'hit' if hit else 'miss'}.{slug}"
+                    recorder.figure(key, ratio(vl.median / kv.median))
                 if index == 0:
                     line += f"  (hit {measured['kvcore'][1][1][0]:,} tokens)"
                 print(line)
@@ -189,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  RESULTS DIFFER: {where}")
     if vllm is not None:
         print(f"  identical results (ageing, hit lengths, block ids): {ok}")
-    return 0 if ok else 1
+    return ok
 
 
 def _split(replay: Any) -> tuple[list[float], Any]:

@@ -27,6 +27,7 @@ from typing import Any
 
 import bench_eviction
 from _common import positive_int, rotated
+from _record import Recorder, ratio
 
 from kvcore._sim import SimulationOptions, SimulationReport, load_workload
 from kvcore._sim import scheduler as scheduler_module
@@ -100,7 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--limit", type=positive_int, default=2000, help="built-in workload requests"
     )
     parser.add_argument("--rounds", type=positive_int, default=2)
+    parser.add_argument("--record", action="store_true",
+                        help="write benchmarks/results/eviction-decode-steps-MEMORY.json")
     args = parser.parse_args(argv)
+    recorder = Recorder(f"eviction-decode-steps-{args.memory}", enabled=args.record)
     policies = [policy for policy in args.policies.split(",") if policy]
     if not policies or len(set(policies)) != len(policies):
         parser.error(f"--policies needs distinct names, the baseline first; got {args.policies!r}")
@@ -118,6 +122,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             values.append(ns / split.steps / 1e3)
         return statistics.median(values)
 
+    with recorder.section("table"):
+        _print_table(args, policies, rounds, per_step, recorder)
+    recorder.write()
+    return 0
+
+
+def _print_table(
+    args: argparse.Namespace,
+    policies: list[str],
+    rounds: list[Any],
+    per_step: Any,
+    recorder: Recorder,
+) -> None:
     base = policies[0]
     print(f"built-in workload ({args.limit} requests), gpt-oss-20b, {args.memory}")
     print(f"{args.rounds} lockstep rounds, medians; µs per decode step (calls per step)")
@@ -130,8 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for kind in SHOWN:
             calls = split.calls[kind] / split.steps
             line += f" {per_step(policy, kind):7.2f} ({calls:5.3f})"
+            recorder.figure(f"{policy}.{kind}", f"{per_step(policy, kind):.1f} µs")
         print(line)
-    return 0
+        recorder.figure(f"{policy}.total", f"{total:.1f} µs")
+        recorder.figure(f"{policy}.ratio", ratio(total / per_step(base)))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from _common import DATA
+from _record import Recorder
 
 CHUNK = 512
 Priority = Callable[[int, list[int], dict[int, int]], list[tuple[float, int]]]
@@ -131,7 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", choices=("conversation", "synthetic"), default="conversation")
     parser.add_argument("--capacity", default="1200,5000,20000", help="chunks, comma-separated")
+    parser.add_argument("--record", action="store_true",
+                        help="write benchmarks/results/eviction-headroom.json")
     args = parser.parse_args(argv)
+    recorder = Recorder("eviction-headroom", enabled=args.record)
     path = DATA / "mooncake" / f"mooncake_{args.trace}_trace.jsonl"
     if not path.exists():
         print(f"missing {path}; set KVCORE_DATA", file=sys.stderr)
@@ -142,8 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'capacity':>22}  " + "  ".join(f"{name:>28}" for name in named))
     for capacity in (int(c) for c in args.capacity.split(",")):
         rates = [100 * replay(chains, capacity, fn) / prompt_tokens for fn in named.values()]
+        for name, rate in zip(named, rates, strict=True):
+            recorder.figure(f"{capacity}.{name.split()[0]}", f"{rate:.1f} %")
         label = f"{capacity:,} chunks ({capacity * CHUNK / 1e6:.1f} M tok)"
         print(f"{label:>22}  " + "  ".join(f"{rate:>28.1f}" for rate in rates), flush=True)
+    recorder.write()
     return 0
 
 

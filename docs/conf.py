@@ -19,18 +19,30 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
+    "sphinx.ext.intersphinx",
     "kvcore_api",
+    "kvcore_changelog",
+    "kvcore_figures",
 ]
 
-exclude_patterns = ["_build", "_ext"]
+# Figures come from the records in benchmarks/results (docs/_ext/kvcore_figures.py);
+# the changelog is dated history, not a claim about this version, and is not checked.
+kvcore_records_dir = "../benchmarks/results"
+kvcore_figures_exempt = {"changelog"}
+# The check of typed-in figures (docs/_ext/kvcore_figures.py).
+kvcore_figures_check = True
+
+exclude_patterns = ["_build", "_ext", "_inventories"]
 templates_path = []
 
 # -- HTML: furo (as pytest and attrs); the on-page table of contents is its right column.
 html_theme = "furo"
-html_title = "kvcore"
+html_title = f"kvcore {release}"
 html_short_title = "kvcore"
 html_static_path = ["_static"]
 html_css_files = ["kvcore.css"]
+# A copy button on every code block (docs/_static/kvcore-copy.js): no extension needed.
+html_js_files = ["kvcore-copy.js"]
 html_copy_source = False
 html_theme_options = {
     "navigation_with_keys": True,
@@ -57,12 +69,21 @@ python_use_unqualified_type_names = True
 add_module_names = False
 toc_object_entries_show_parents = "hide"
 
+# torch, numpy and pluggy types link to their projects' docs through
+# inventories shipped in docs/_inventories (docs/_tools/inventories.py writes
+# them): the build fetches nothing.
+intersphinx_mapping = {
+    "torch": ("https://pytorch.org/docs/stable/", "_inventories/torch.inv"),
+    "numpy": ("https://numpy.org/doc/stable/", "_inventories/numpy.inv"),
+    "pluggy": ("https://pluggy.readthedocs.io/en/stable/", "_inventories/pluggy.inv"),
+}
+
 # Every cross-reference must resolve (the build runs with -W): only types from
-# outside kvcore, which have no inventory offline, are exempt.
+# outside kvcore that have no inventory are exempt.
 nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(collections|typing|types|abc|pathlib|argparse|enum|array|time)\..*"),
-    (r"py:.*", r"(attrs|attr|pluggy|numpy|np|torch|transformers)(\..*)?"),
+    (r"py:.*", r"(attrs|attr|transformers)(\..*)?"),
     (r"py:.*", r"(Hashable|Sequence|Mapping|Iterable|Iterator|Callable|Any|ClassVar|Final)"),
     (r"py:.*", r"(Self|SpecT|KVCacheEvent|Literal|MambaCacheMode|Path|ndarray)"),
     (r"py:class", r"(int|str|bytes|float|bool|object|type|tuple|list|dict|set|frozenset)"),

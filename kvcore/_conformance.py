@@ -100,7 +100,15 @@ class _Checker:
         return ConformanceError(rule, self.subject, detail)
 
     def run(self, rule: str, check: Callable[[], str | None]) -> None:
-        reason = check()
+        """Check one rule; whatever the plugin's code raises fails that rule, by name."""
+        try:
+            reason = check()
+        except ConformanceError:
+            raise
+        except Exception as exc:
+            raise self.fail(
+                rule, f"the plugin's code raised {type(exc).__name__}: {exc}"
+            ) from exc
         if reason is None:
             self.passed.append(rule)
         else:
@@ -188,6 +196,8 @@ class _Checker:
                 f"page parts end at byte {end}, real page {spec.real_page_size_bytes}, page "
                 f"{spec.page_size_bytes}",
             )
+        self._base_checks_run()
+        self._page_grows_with_block_size()
         page = spec.page_size_bytes
         if spec.grown_to_page(page) != spec:
             raise self.fail("page", f"grown_to_page({page}) (its own page) changed the spec")
@@ -233,6 +243,43 @@ class _Checker:
                 f"{spec.page_parts()!r}, not the format's {expected!r}; a format describes the "
                 "page: derive the parts from KVFormat.page_parts",
             )
+
+    def _base_checks_run(self) -> None:
+        """The base class's ``__attrs_post_init__`` runs: a too-small padding is refused."""
+        spec = self.spec
+        too_small = spec.real_page_size_bytes - 1
+        if too_small < 1:
+            return
+        try:
+            attrs.evolve(spec, page_size_padded=too_small)
+        except InvalidSpecError:
+            return
+        raise self.fail(
+            "page",
+            f"a copy with page_size_padded={too_small} (below its {spec.real_page_size_bytes}"
+            f"-byte page) was accepted: {type(spec).__qualname__}.__attrs_post_init__ does not "
+            "call super().__attrs_post_init__(), so kvcore's own checks of the spec never run",
+        )
+
+    def _page_grows_with_block_size(self) -> None:
+        """An attention page holds ``block_size`` tokens: every part doubles with it."""
+        spec = self.spec
+        if not isinstance(spec, AttentionSpec):
+            return
+        try:
+            double = attrs.evolve(spec, block_size=2 * spec.block_size)
+        except InvalidSpecError:
+            return
+        for part, grown in zip(spec.page_parts(), double.page_parts(), strict=False):
+            size, grown_size = part.end - part.offset, grown.end - grown.offset
+            if grown_size != 2 * size:
+                raise self.fail(
+                    "page",
+                    f"page part {part.name!r} is {size} bytes at block_size={spec.block_size} "
+                    f"and {grown_size} at block_size={double.block_size}: an attention page "
+                    "holds block_size tokens, so each part's shape must grow with it "
+                    "(tokens past the first block would overwrite the next block)",
+                )
 
     def _variants(self) -> list[KVCacheSpec]:
         """Specs of the type differing from the spec in one integer field."""
@@ -528,9 +575,10 @@ class _Checker:
             self.manager = SingleTypeManager
             raise self.fail("registered", str(exc)) from exc
         self.passed.append("registered")
-        probe = self.manager(self.spec, BlockPool(self.spec.pool_reserved_blocks + 2))
         self.run("tokens_read", lambda: self.tokens_read())
-        self.run("skipped_tokens", lambda: self.skipped_tokens(probe))
+        self.run("skipped_tokens", lambda: self.skipped_tokens(
+            self.manager(self.spec, BlockPool(self.spec.pool_reserved_blocks + 2))
+        ))
         self.run("page", lambda: self.page())
         self.run("grouping_key", lambda: self.grouping_key())
         self.run("hit_search", self.hit_search)
@@ -605,7 +653,9 @@ def check_plugin(
     Run it from your plugin's tests with specs as your users would make them
     (one per configuration worth checking: a window, a chunk, a cache mode).
     The rules, checked in this order; the first one broken raises
-    :class:`ConformanceError` naming it and a reproducible case:
+    :class:`ConformanceError` naming it and a reproducible case (an exception
+    the plugin's own code raises while a rule is checked, from its spec,
+    manager or hit search, fails that rule the same way, chained to it):
 
     ``registered``
         The spec's class is served by the registry (which checked the classes
@@ -619,9 +669,12 @@ def check_plugin(
     ``page``
         The page: a value object (equal copies hash alike, survive pickling),
         exactly the parts of its :class:`~kvcore.specs.KVFormat` when its
-        ``dtype`` is one, parts inside the page, ``grown_to_page`` keeping or
-        reaching the page asked for, a positive memory bound that is a whole
-        number of pages and grows with ``max_model_len``.
+        ``dtype`` is one, parts inside the page, kvcore's own checks of a spec
+        run (a subclass's ``__attrs_post_init__`` calls
+        ``super().__attrs_post_init__()``), for an attention spec every part
+        growing with the block size, ``grown_to_page`` keeping or reaching the
+        page asked for, a positive memory bound that is a whole number of
+        pages and grows with ``max_model_len``.
     ``grouping_key``
         Two specs of the type with equal
         :attr:`~kvcore.specs.KVCacheSpec.uniform_type_key` read the same tokens

@@ -479,7 +479,8 @@ class KVCacheSpec:
     #: The attention type's name (see :data:`~kvcore.specs.KIND_PATTERN`), reported in KV
     #: cache events (``BlockStored.kind``), plans and ``kvcore plugins``. Every
     #: registered spec class sets its own; two classes in one registry may
-    #: not share one. By convention it equals the plugin's name.
+    #: not share one. It is not the plugin's name: one plugin may register
+    #: several types (kvcore's built-in plugins register one each, named alike).
     kind: ClassVar[str]
 
     #: Fields that change only the page, not which token slots a request

@@ -400,6 +400,42 @@ def _fields_once(app: Sphinx, domain: str, objtype: str, content: addnodes.desc_
                     field[0].children = [nodes.Text(f"vartype {name}")]
 
 
+#: The order of an entry's fields: parameters, variables, what it returns, what it
+#: raises (Sphinx groups raw fields in the order they first appear).
+_FIELD_ORDER = {
+    "param": 0, "parameter": 0, "arg": 0, "argument": 0, "type": 0,
+    "keyword": 0, "kwarg": 0, "kwparam": 0, "kwtype": 0,
+    "var": 1, "ivar": 1, "cvar": 1, "vartype": 1,
+    "returns": 2, "return": 2, "rtype": 2, "yields": 2, "yield": 2,
+    "raises": 3, "raise": 3, "except": 3, "exception": 3,
+}
+
+
+def _fields_in_order(
+    app: Sphinx, domain: str, objtype: str, content: addnodes.desc_content
+) -> None:
+    """Put *Parameters* first and *Raises* last in every entry.
+
+    autodoc appends the parameters it takes from type hints after the fields
+    the docstring wrote, so an entry whose docstring has ``Raises:`` but no
+    ``Args:`` listed its parameters after what it raises.
+    """
+    if domain != "py":
+        return
+    for field_list in content.findall(nodes.field_list):
+        fields = [f for f in field_list.children if isinstance(f, nodes.field)]
+
+        def rank(field: nodes.field) -> int:
+            words = field[0].astext().split()
+            return _FIELD_ORDER.get(words[0].lower(), 2) if words else 2
+
+        ordered = sorted(fields, key=rank)
+        if ordered != fields:
+            for field in fields:
+                field_list.remove(field)
+            field_list.extend(ordered)
+
+
 def _check_every_public_module_has_a_page(app: Sphinx, env: Any) -> None:
     documented = set(env.domains["py"].modules)
     for package in PACKAGES:
@@ -422,5 +458,6 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("doctree-read", _rewrite_private_references, priority=400)
     app.connect("autodoc-process-signature", _attrs_signature)
     app.connect("object-description-transform", _fields_once, priority=600)
+    app.connect("object-description-transform", _fields_in_order, priority=650)
     app.connect("env-check-consistency", _check_every_public_module_has_a_page)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -16,6 +16,12 @@ from kvcore._sim.scheduler import ARRIVAL_MODES, SchedulerConfig
 from kvcore._sim.simulate import DEFAULT_MODEL, SimulationOptions, simulate
 from kvcore._sim.workload import DEFAULT_NUM_REQUESTS, load_workload
 from kvcore.errors import InvalidConfigError
+
+if TYPE_CHECKING:
+    from kvcore._exec.report import ExecutionReport
+    from kvcore._registry import Registry
+    from kvcore._sim.report import SimulationReport
+    from kvcore._sim.workload import Workload
 
 __all__ = ["add_parser"]
 
@@ -179,8 +185,28 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the simulation and print its report."""
-    from kvcore._sim.progress import progress_printer
+    if args.engines is not None:
+        workload, options, registry = _inputs(args)
+        return run_fleet(args, workload, options, registry)
+    report, execution = simulate_from_args(args)
+    if args.json:
+        data = report.to_dict()
+        if execution is not None:
+            data["execution"] = execution.to_dict()
+        print(json.dumps(data, indent=2))
+    else:
+        print(format_report(report))
+        if args.plot is not None:
+            print(f"  plot         {args.plot}")
+        if execution is not None:
+            from kvcore._exec.report import format_execution
 
+            print(format_execution(execution))
+    return 0
+
+
+def _inputs(args: argparse.Namespace) -> tuple[Workload, SimulationOptions, Registry]:
+    """The workload, the simulation options and the registry the arguments ask for."""
     if args.plot is not None:
         if not args.plot.lower().endswith(".png"):
             msg = f"--plot writes a PNG image; give a file name ending in .png, not {args.plot!r}"
@@ -211,9 +237,20 @@ def run(args: argparse.Namespace) -> int:
     workload = load_workload(
         args.trace, limit=args.limit, seed=args.seed, skip_bad_lines=args.skip_bad_lines
     )
-    registry = registry_from_args(args)
-    if args.engines is not None:
-        return run_fleet(args, workload, options, registry)
+    return workload, options, registry_from_args(args)
+
+
+def simulate_from_args(
+    args: argparse.Namespace,
+) -> tuple[SimulationReport, ExecutionReport | None]:
+    """One engine's simulation as the arguments ask: ``(report, execution or None)``.
+
+    Draws the ``--plot`` if asked; prints nothing but progress. The benchmarks
+    that record the docs' runs call it to keep the report's figures.
+    """
+    from kvcore._sim.progress import progress_printer
+
+    workload, options, registry = _inputs(args)
     reject_fleet_options(args)
     executor = None
     if args.execute:
@@ -233,17 +270,4 @@ def run(args: argparse.Namespace) -> int:
         from kvcore._sim.plot import plot_report
 
         plot_report(report, args.plot)
-    if args.json:
-        data = report.to_dict()
-        if execution is not None:
-            data["execution"] = execution.to_dict()
-        print(json.dumps(data, indent=2))
-    else:
-        print(format_report(report))
-        if args.plot is not None:
-            print(f"  plot         {args.plot}")
-        if execution is not None:
-            from kvcore._exec.report import format_execution
-
-            print(format_execution(execution))
-    return 0 if execution is None or execution.ok else 1
+    return report, execution

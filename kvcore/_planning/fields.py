@@ -36,7 +36,11 @@ class ConfigFields:
         raise NotImplementedError
 
     def get(self, *keys: str, default: Any = None) -> Any:
-        """The value of the first of ``keys`` present (and not null) in the config."""
+        """The value of the first of ``keys`` present (and not null) in the config.
+
+        The value is as JSON decoded it: a nested section is a plain ``dict``
+        (a list a ``list``), whose fields the caller reads and checks itself.
+        """
         for key in keys:
             value = self.config.get(key)
             if value is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -213,16 +213,8 @@ class KVCachePlan:
             f"{self.group_size_rule} group size"
             + ("" if self.hybrid else ", hybrid manager disabled"),
             "",
-            f"{'group':>5}  {'type':<24}{'layers':>7}  {'which':<22}{'block':>7}"
-            f"{'page':>12}{'blocks/req':>12}{'waste/block':>13}",
+            *self._group_table(),
         ]
-        for group in self.groups:
-            page = "/".join(format_bytes(p) for p in group.page_sizes)
-            lines.append(
-                f"{group.index:>5}  {group.kind:<24}{group.num_layers:>7}  "
-                f"{short_layer_list(group.layer_names):<22}{group.block_size:>7}{page:>12}"
-                f"{group.pages_per_request:>12}{format_bytes(group.wasted_bytes_per_block):>13}"
-            )
         if not self.groups:
             lines.append("    (no layer holds a KV cache: attention-free model)")
         lines += [
@@ -248,6 +240,51 @@ class KVCachePlan:
                     f"({other.waste_fraction:.2%})"
                 )
         return "\n".join(lines)
+
+    def _group_table(self) -> list[str]:
+        """The header and one line per group, each column as wide as its widest cell.
+
+        A column is at least as wide as before (the usual table is unchanged);
+        a long cell (a page of several sizes, a long kind) widens its column
+        instead of running into the next.
+        """
+        header = ("group", "type", "layers", "which", "block", "page", "blocks/req",
+                  "waste/block")
+        rows = _group_rows(self.groups)
+        minimum = (5, 24, 7, 22, 7, 12, 12, 13)
+        left = {1, 3}  # type and which are left-aligned, numbers right-aligned
+        widths = [
+            max(minimum[i], *(len(row[i]) + (2 if i not in left else 1) for row in rows))
+            if rows else minimum[i]
+            for i in range(len(header))
+        ]
+
+        def line(cells: Sequence[str]) -> str:
+            out = f"{cells[0]:>{widths[0]}}  "
+            for i in range(1, len(cells)):
+                out += f"{cells[i]:<{widths[i]}}" if i in left else f"{cells[i]:>{widths[i]}}"
+                if i == 2:
+                    out += "  "
+            return out
+
+        return [line(header), *(line(row) for row in rows)]
+
+
+def _group_rows(groups: Sequence[Any]) -> list[tuple[str, ...]]:
+    """The group table's cells: one row per group (a page of several sizes joined by /)."""
+    return [
+        (
+            str(group.index),
+            group.kind,
+            str(group.num_layers),
+            short_layer_list(group.layer_names),
+            str(group.block_size),
+            "/".join(format_bytes(p) for p in group.page_sizes),
+            str(group.pages_per_request),
+            format_bytes(group.wasted_bytes_per_block),
+        )
+        for group in groups
+    ]
 
 
 def _notes(

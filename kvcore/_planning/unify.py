@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from kvcore.errors import InvalidConfigError, InvalidSpecError
-from kvcore.specs import KVCacheSpec
+from kvcore.specs import ALL_TOKENS_KEY, KVCacheSpec
 
 __all__ = [
     "PageUnificationError",
@@ -154,8 +154,26 @@ def promote_local_layers(layer_specs: Mapping[str, KVCacheSpec]) -> dict[str, KV
             "types (promoted_to) in a model with layers that keep every token can be "
             "allocated for every token. Enable the hybrid manager (hybrid=True)"
         )
-        raise InvalidConfigError(msg)
+        raise InvalidConfigError(msg + _all_tokens_hint(values))
     return promoted
+
+
+def _all_tokens_hint(specs: Sequence[KVCacheSpec]) -> str:
+    """A hint for a type that may keep every token but does not share the table key."""
+    if not any(spec.uniform_type_key == ALL_TOKENS_KEY for spec in specs):
+        return ""
+    apart = sorted({
+        type(spec).__qualname__ for spec in specs
+        if spec.promoted_to is None and spec.uniform_type_key != ALL_TOKENS_KEY
+    })
+    if not apart:
+        return ""
+    return (
+        f". If {', '.join(apart)} keeps a slot for every token of a request, as full "
+        "attention does, its spec class says so (attends_to_all_tokens = True, and "
+        "uniform_type_key returning kvcore.specs.ALL_TOKENS_KEY): layers of such types "
+        "share one block table"
+    )
 
 
 def full_allocation_fallback(

@@ -13,10 +13,14 @@ classified by its language:
 ``console``
     Each ``$`` command is run (``kvcore ...`` in-process, in a scratch folder
     per page) and its output compared with the lines shown under it, if any.
-    Install commands (``python3 -m venv``, ``pip install``) are not run: they
-    are checked against what the project offers (the extras in
-    ``pyproject.toml``, the paths in the repository), CI itself running the
-    README's install command.
+    Install commands (``python3 -m venv``, ``source .venv/bin/activate``,
+    ``pip install`` or ``python -m pip install``, ``python -m build``) are not
+    run: they are checked against what the project offers (the extras in
+    ``pyproject.toml``, the paths in the repository, the wheel ``python -m
+    build`` writes), CI itself running the README's install command and
+    building and installing the wheel. A console block with ``:class:
+    not-run-in-ci`` (a clone, a CUDA build of torch) is not run, and the page
+    shows it as not run in CI.
 ``toml`` / ``json``
     Parsed.
 ``text`` (the default, for ``::`` blocks) / ``none``
@@ -218,27 +222,44 @@ def _check_install(argv: list[str], where: str) -> None:
         if arg.startswith("-"):
             continue
         path, _, extra = arg.partition("[")
-        if path in (".", "") or (REPO / path).exists():
+        if path in (".", "") or (REPO / path).exists() or _WHEEL.fullmatch(arg):
             wanted = {e.strip() for e in extra.rstrip("]").split(",") if e.strip()}
             if wanted - extras:
                 msg = f"{where}: unknown extra {sorted(wanted - extras)} in {arg!r}"
                 raise ExampleError(msg)
-        elif arg not in ("install", "venv", ".venv", "constraints.txt"):
+        elif arg not in ("install", "venv", ".venv", "constraints.txt", "build"):
             msg = f"{where}: {arg!r} is neither a path of the repository nor kvcore's extra"
             raise ExampleError(msg)
     if "install" in argv and "-c" in argv and argv[argv.index("-c") + 1] != "constraints.txt":
-        msg = f"{where}: installs must use -c constraints.txt (it pins the CPU build of torch)"
+        msg = f"{where}: installs must use -c constraints.txt (it pins the torch version CI tests)"
         raise ExampleError(msg)
+
+
+#: The wheel ``python -m build --wheel`` writes, as an install names it.
+_WHEEL = re.compile(r"dist/kvcore-(?:\*|[\w.]+-py3-none-any)\.whl(?:\[[\w,]+\])?")
+
+
+def _setup_command(argv: list[str], where: str) -> bool:
+    """Check an environment or install command (not run); False if it is not one."""
+    program = Path(argv[0]).name
+    if program in ("source", ".") and argv[1:] == [".venv/bin/activate"]:
+        return True
+    if program in ("python3", "python") and argv[1:3] in (["-m", "venv"], ["-m", "build"]):
+        return True
+    if program in ("python3", "python") and argv[1:3] == ["-m", "pip"]:
+        argv = argv[2:]
+        program = "pip"
+    if program == "pip":
+        _check_install(argv[1:], where)
+        return True
+    return False
 
 
 def run_command(command: str, scratch: Path, where: str) -> str:
     """Run one console command; return what it printed."""
     argv = shlex.split(command)
     program = Path(argv[0]).name
-    if program in ("python3", "python") and argv[1:3] == ["-m", "venv"]:
-        return ""
-    if program == "pip":
-        _check_install(argv[1:], where)
+    if _setup_command(argv, where):
         return ""
     if program != "kvcore":
         msg = f"{where}: the doc-example runner does not run {program!r} commands"
@@ -252,7 +273,10 @@ def run_command(command: str, scratch: Path, where: str) -> str:
     from kvcore._cli.main import main
 
     with _cwd(scratch), _capture() as out, contextlib.redirect_stderr(io.StringIO()) as err:
-        status = main(argv[1:])
+        try:
+            status = main(argv[1:])
+        except SystemExit as exit_:  # --version and --help exit through argparse
+            status = exit_.code if isinstance(exit_.code, int) else 1
     if status != 0:
         msg = f"{where}: {command!r} exited with {status}: {err.getvalue()}"
         raise ExampleError(msg)
@@ -292,6 +316,9 @@ def run_page(page_blocks: list[Block], scratch: Path) -> int:
             pending = None
             run_doctest(block.text, namespace, block.where)
             checked += 1
+        elif block.language == "console" and "not-run-in-ci" in block.classes:
+            settle()
+            pending = None
         elif block.language == "console":
             settle()
             pending = None

@@ -162,3 +162,12 @@ def test_a_name_added_to_all_appears_without_editing_the_docs(
     assert more.find("h2").get_text(strip=True).startswith("More")
     assert more.find("dt", id="kvcore.brand_new_helper") is not None
     assert html.find("section", id="manager").find("dt", id="kvcore.brand_new_helper") is None
+
+
+def test_every_page_names_the_version_and_the_changelog_is_a_page(built_docs: BuiltDocs):
+    for name in ("index.html", "getting-started.html", "changelog.html"):
+        title = page(built_docs, name).title.get_text()
+        assert f"kvcore {kvcore.__version__}" in title, (name, title)
+    changelog = page(built_docs, "changelog.html").find("article")
+    assert changelog.find("h2").get_text().strip("¶ ") == "Unreleased"
+    assert changelog.select_one("code.literal") is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,14 @@ def test_page_examples_run_as_shown(built_docs: BuiltDocs, docname: str, tmp_pat
     try:
         run_page(page_blocks, tmp_path)
     except MissingData as exc:
-        pytest.skip(str(exc))
+        skip_or_fail(str(exc))
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip for missing shared data; fail instead under CI, as every data test does."""
+    if os.environ.get("KVCORE_REQUIRE_DATA") == "1":
+        pytest.fail(f"{reason} (KVCORE_REQUIRE_DATA=1: the shared data must be present)")
+    pytest.skip(reason)
 
 
 def test_the_integration_guide_loop_is_one_of_the_blocks_run(built_docs: BuiltDocs):
@@ -104,3 +112,47 @@ def test_code_shown_as_plain_text_fails(tmp_path: Path):
     diagram = "engine ──► KVCacheManager\n   │\n   ▼\ncoordinator"
     formula = "num_blocks = memory // bytes_per_block"
     assert run_page([block(diagram, "text"), block(formula, "text")], tmp_path) == 0
+
+
+def test_setup_commands_are_checked_not_run(tmp_path: Path):
+    session = (
+        "$ python3 -m venv .venv\n$ source .venv/bin/activate\n"
+        "$ python -m pip install -c constraints.txt -e '.[plot]'\n"
+        "$ python -m build --wheel\n$ python -m pip install -c constraints.txt dist/kvcore-*.whl"
+    )
+    assert run_page([block(session, "console")], tmp_path) == 1
+    with pytest.raises(ExampleError, match="unknown extra"):
+        run_page([block("$ python -m pip install -e '.[plots]'", "console")], tmp_path)
+    with pytest.raises(ExampleError, match="neither a path"):
+        run_page([block("$ python -m pip install torch", "console")], tmp_path)
+
+
+def test_blocks_marked_not_run_in_ci_are_not_run(tmp_path: Path):
+    cuda = "$ python -m pip install torch --index-url https://download.pytorch.org/whl/cu128"
+    assert run_page([block(cuda, "console", ("not-run-in-ci",))], tmp_path) == 0
+    with pytest.raises(ExampleError, match="neither a path"):
+        run_page([block(cuda, "console")], tmp_path)
+
+
+def test_a_command_exiting_through_argparse_is_compared(tmp_path: Path):
+    import kvcore
+
+    shown = f"$ kvcore --version\nkvcore {kvcore.__version__}"
+    assert run_page([block(shown, "console")], tmp_path) == 1
+
+
+def test_missing_data_skips_but_fails_under_require_data(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    import doc_examples
+
+    monkeypatch.setattr(doc_examples, "DATA", tmp_path / "nonexistent")
+    page = [block("$ kvcore simulate --trace conversation_trace.jsonl", "console")]
+    with pytest.raises(MissingData) as missing:
+        run_page(page, tmp_path)
+    monkeypatch.setenv("KVCORE_REQUIRE_DATA", "1")
+    with pytest.raises(pytest.fail.Exception, match="KVCORE_REQUIRE_DATA=1"):
+        skip_or_fail(str(missing.value))
+    monkeypatch.delenv("KVCORE_REQUIRE_DATA")
+    with pytest.raises(pytest.skip.Exception):
+        skip_or_fail(str(missing.value))

@@ -141,3 +141,32 @@ def test_every_option_is_in_the_cli_reference():
     assert len(options) == 14
     missing = [o for o in options if f".. option:: {o}" not in section]
     assert not missing
+
+
+def test_the_group_table_widens_a_column_for_a_page_of_several_parts():
+    import types
+
+    from kvcore._planning.plan import KVCachePlan
+
+    def group(index: int, kind: str, pages: tuple[int, ...]) -> types.SimpleNamespace:
+        return types.SimpleNamespace(
+            index=index, kind=kind, num_layers=2,
+            layer_names=["model.layers.0.a", "model.layers.1.a"],
+            block_size=16, page_sizes=pages, pages_per_request=257, wasted_bytes_per_block=0,
+        )
+
+    groups = [group(0, "full_attention", (32768,)), group(1, "mla", (36864, 18432, 4608))]
+    header, *rows = KVCachePlan._group_table(types.SimpleNamespace(groups=groups))
+    page = "36.00 KiB/18.00 KiB/4.50 KiB"
+    assert page in rows[1]
+    # Every column starts where its header does: the page column ends under "page".
+    end = header.index("page") + len("page")
+    assert rows[1][:end].endswith(page)
+    assert rows[0][:end].endswith("32.00 KiB")
+    assert rows[1][end:].split() == ["257", "0", "B"]
+    # A usual table keeps its layout.
+    header, row = KVCachePlan._group_table(types.SimpleNamespace(groups=groups[:1]))
+    assert header == (
+        "group  type                     layers  which                   block        page"
+        "  blocks/req  waste/block"
+    )

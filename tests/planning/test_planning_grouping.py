@@ -411,3 +411,24 @@ def test_grouping_is_an_exact_partition_with_one_page_size(rule):
         seen = [name for g in groups for name in g.layer_names]
         assert sorted(seen) == sorted(specs)
         assert len({s.page_size_bytes for g in groups for _, s in g.items()}) == 1
+
+
+def test_no_hybrid_suggests_the_shared_key_to_a_type_that_keeps_every_token():
+    from kvcore_compressed import CompressedAttentionSpec
+
+    from kvcore._planning.unify import promote_local_layers
+    from kvcore.errors import InvalidConfigError
+    from kvcore_plugins.full_attention import FullAttentionSpec
+
+    full = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype="float16")
+    other = CompressedAttentionSpec(
+        block_size=16, num_kv_heads=1, head_size=8, dtype="float16", ratio=4
+    )
+    with pytest.raises(InvalidConfigError) as info:
+        promote_local_layers({"a": full, "b": other})
+    message = str(info.value)
+    assert "Enable the hybrid manager (hybrid=True)" in message
+    assert "If CompressedAttentionSpec keeps a slot for every token" in message
+    assert "uniform_type_key returning kvcore.specs.ALL_TOKENS_KEY" in message
+    # Full attention alone has nothing to be told.
+    assert promote_local_layers({"a": full, "b": full}) == {"a": full, "b": full}

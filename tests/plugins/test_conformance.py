@@ -10,8 +10,9 @@ import pytest
 from kvplugin_helpers import chunked, cross, full, hidden, mamba, mla, registry, sink, sw
 
 import kvcore
+from kvcore.errors import InvalidSpecError
 from kvcore.managers import HitQuery, PrefixManager
-from kvcore.specs import KVCacheSpec, TokenLimits
+from kvcore.specs import KVCacheSpec, PagePart, TokenLimits
 from kvcore.testing import ConformanceError, check_plugin
 from kvcore_plugins.full_attention import FullAttentionManager, FullAttentionSpec
 from kvcore_plugins.sliding_window import SlidingWindowManager, SlidingWindowSpec
@@ -205,9 +206,74 @@ def test_a_broken_window_fails_naming_the_rule(spec_cls, manager_cls, rule, deta
     assert detail in message
 
 
+@attrs.frozen(kw_only=True)
+class NoSuperInit(FullAttentionSpec):
+    """Checks its own field and forgets the base class's checks."""
+
+    kind: ClassVar[str] = "no_super_init"
+
+    def __attrs_post_init__(self) -> None:
+        if self.head_size > 4096:
+            raise InvalidSpecError("head_size too large")
+
+
+@attrs.frozen(kw_only=True)
+class FixedPage(FullAttentionSpec):
+    """Keys grow with the block, a 16-token scale table does not."""
+
+    kind: ClassVar[str] = "fixed_page"
+
+    def page_parts(self) -> tuple[PagePart, ...]:
+        kv = (self.block_size, self.num_kv_heads, 2 * self.head_size)
+        scales = PagePart(name="scales", offset=0, shape=(16, self.num_kv_heads), dtype="float16")
+        keys = PagePart(name="kv", offset=scales.end, shape=kv, dtype=self.dtype)
+        return (scales, keys)
+
+
+@attrs.frozen(kw_only=True)
+class RaisingHits(FullAttentionSpec):
+    kind: ClassVar[str] = "raising_hits"
+
+
+class RaisingHitManager(FullAttentionManager):
+    """A hit search with a bug of its own: a KeyError on some queries."""
+
+    @classmethod
+    def find_longest_cache_hit(cls, query: HitQuery[Any]) -> tuple[list[int], ...]:
+        if query.max_length > 64:
+            raise KeyError(query.block_hashes[0])
+        return super().find_longest_cache_hit(query)
+
+
+@attrs.frozen(kw_only=True)
+class RaisingAllocation(FullAttentionSpec):
+    kind: ClassVar[str] = "raising_allocation"
+
+
+class RaisingAllocationManager(FullAttentionManager):
+    """An allocation with a bug of its own: an IndexError on the third call."""
+
+    calls: ClassVar[list[int]] = []
+
+    def allocate_new_blocks(self, *args: Any) -> Any:
+        self.calls.append(1)
+        if len(self.calls) % 3 == 0:
+            raise IndexError("list index out of range")
+        return super().allocate_new_blocks(*args)
+
+    def steady_until(self, request_id: str, num_computed_tokens: int) -> int:
+        return num_computed_tokens  # every step the full way
+
+
 @pytest.mark.parametrize(
     ("spec_cls", "manager_cls", "rule", "detail"),
     [
+        (NoSuperInit, FullAttentionManager, "page", "does not call super().__attrs_post_init__()"),
+        (FixedPage, FullAttentionManager, "page",
+         "page part 'scales' is 32 bytes at block_size=16 and 32 at block_size=32"),
+        (RaisingHits, RaisingHitManager, "hit_search", "the plugin's code raised KeyError"),
+        (RaisingAllocation, RaisingAllocationManager, "workload",
+         "the plugin's code raised IndexError"),
         (LongHits, LongHitManager, "hit_search", "the hit is"),
         (LeakingFirstBlock, LeakingManager, "workload", "but block 0 of its table is freed (null)"),
     ],
@@ -237,3 +303,12 @@ def test_a_manager_predicting_one_block_too_many_fails_the_workload_rule():
 def test_an_unregistered_spec_fails_the_first_rule():
     with pytest.raises(ConformanceError, match="rule 'registered' failed"):
         check_plugin(window_spec(PrefixHitWindow), registry=registry())
+
+
+def test_a_plugins_own_exception_is_chained_to_the_rule_it_broke():
+    plugins = broken_registry(kvcore.LayerType(RaisingHits, RaisingHitManager))
+    spec = RaisingHits(block_size=16, num_kv_heads=1, head_size=8, dtype="float16")
+    with pytest.raises(ConformanceError) as info:
+        check_plugin(spec, registry=plugins, num_ops=50)
+    assert info.value.rule == "hit_search"
+    assert isinstance(info.value.__cause__, KeyError)
