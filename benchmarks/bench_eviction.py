@@ -61,7 +61,7 @@ from kvcore._sim import (
 
 POLICIES = ("lru", "admit", "frequency", "cost", "belady")
 #: The built-in workload's model and longest request, in the sweep and the
-#: timing phase (and in eviction_decode_steps.py and eviction_release_floor.py).
+#: timing phase (and in eviction_decode_steps.py).
 BUILTIN_MODEL = "gpt-oss-20b"
 BUILTIN_MAX_MODEL_LEN = 32768
 #: Scheduler steps a replay runs before handing the turn on (timing phase).

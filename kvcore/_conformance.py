@@ -19,7 +19,9 @@ import attrs
 from kvcore._block_pool import NULL_BLOCK, BlockPool
 from kvcore._config import KVCacheConfig
 from kvcore._kv_cache_manager import KVCacheManager
-from kvcore._registry import Registry
+from kvcore._plugin_types import LayerType
+from kvcore._registry import Registry, registry_from_layer_types
+from kvcore._workload import RandomWorkload, snapshot
 from kvcore.errors import InvalidConfigError, InvalidSpecError, KVCoreError
 from kvcore.managers import CachedBlockLookup, HitQuery, SingleTypeManager
 from kvcore.specs import AttentionSpec, KVCacheSpec, TokenLimits
@@ -437,7 +439,14 @@ class _Checker:
 
     # -- workloads ----------------------------------------------------------------------
 
-    def _manager(self, specs: list[KVCacheSpec], *, caching: bool, eagle: bool) -> KVCacheManager:
+    def _manager(
+        self,
+        specs: list[KVCacheSpec],
+        *,
+        caching: bool,
+        eagle: bool,
+        registry: Registry | None = None,
+    ) -> KVCacheManager:
         reserved = sum(s.pool_reserved_blocks for s in specs)
         per_request = -(-MAX_MODEL_LEN // min(s.block_size for s in specs)) + 2
         num_blocks = 3 * per_request * len(specs) + reserved + 1
@@ -445,13 +454,12 @@ class _Checker:
         return KVCacheManager(
             config,
             MAX_MODEL_LEN,
-            registry=self.registry,
+            registry=registry or self.registry,
             enable_caching=caching,
             use_eagle=eagle,
         )
 
     def _workload(self, rule: str, specs: list[KVCacheSpec], group: int) -> str | None:
-        from kvcore.testing import RandomWorkload  # kvcore.testing imports this module
 
         encoder = self.manager.allocates_for_encoder
         cacheable = self.manager.is_prefix_cacheable(self.spec) and all(
@@ -487,6 +495,50 @@ class _Checker:
             runs += 1
         if not cacheable:
             self.skipped.append((f"{rule}[prefix caching]", "the group is never prefix-cached"))
+        return None
+
+    def steady_until(self) -> str | None:
+        """A decode step the manager's steady_until skips changes nothing the full route would.
+
+        The same random traffic drives two managers: one of the type's
+        class, one of a subclass whose steady_until sends every step the full
+        way. After every operation both must hold exactly the same state.
+        """
+        full_route = type(
+            f"FullRoute{self.manager.__name__}",
+            (self.manager,),
+            {"steady_until": _every_step_changes},
+        )
+        records = [
+            LayerType(t.spec, full_route) if t.spec is type(self.spec) else t
+            for t in self.registry.layer_types
+        ]
+        slow_registry = registry_from_layer_types(records, name="full-route")
+        cacheable = self.manager.is_prefix_cacheable(self.spec)
+        managers = [
+            self._manager([self.spec], caching=cacheable, eagle=False, registry=registry)
+            for registry in (self.registry, slow_registry)
+        ]
+        workloads = [
+            RandomWorkload(
+                manager,
+                seed=self.seed,
+                prompt_lengths=(1, MAX_MODEL_LEN // 2),
+                max_output=MAX_MODEL_LEN // 8,
+                num_encoder_tokens=64 if self.manager.allocates_for_encoder else 0,
+            )
+            for manager in managers
+        ]
+        for op in range(self.num_ops):
+            for workload in workloads:
+                workload.step()
+            if snapshot(managers[0]) != snapshot(managers[1]):
+                raise self.fail(
+                    "steady_until",
+                    f"operation {op}: the manager skipped a decode step (within its "
+                    "steady_until) that the full route would have changed something in; "
+                    "steady_until must not reach past the next allocation, caching or free",
+                )
         return None
 
     def _check_reads(
@@ -583,6 +635,7 @@ class _Checker:
         self.run("grouping_key", lambda: self.grouping_key())
         self.run("hit_search", self.hit_search)
         self.run("workload", lambda: self._workload("workload", [self.spec], 0))
+        self.run("steady_until", self.steady_until)
         if self.partner is None:
             self.skipped.append(("hybrid_workload", "no type that keeps every token to pair with"))
         else:
@@ -600,6 +653,13 @@ class _Checker:
             hit_cases=self.hit_cases,
             workload_ops=self.workload_ops,
         )
+
+
+def _every_step_changes(
+    manager: SingleTypeManager[Any], request_id: str, num_computed_tokens: int
+) -> int:
+    """A steady_until that sends every step the full way (always correct)."""
+    return num_computed_tokens
 
 
 def _describe_positions(positions: list[int]) -> str:
@@ -695,6 +755,12 @@ def check_plugin(
         EAGLE where accepted): allocations take what they predicted, refusals
         change nothing, hits are aligned, no block a request still reads was
         freed, and no request holds more blocks than the memory bound allows.
+    ``steady_until``
+        The same random traffic on a manager of the type's class and on one
+        whose :meth:`~kvcore.managers.SingleTypeManager.steady_until` sends
+        every decode step the full way leaves both in exactly the same state
+        after every operation: the decode steps the manager skips change
+        nothing.
     ``torch_views``
         The spec planned alone and next to the partner type allocates with
         :func:`kvcore.allocate_kv_cache`: one view per page part, of its shape

@@ -497,7 +497,8 @@ def plan(
         reference = assemble("reference", result.limits, sized=False)
         result = attrs.evolve(result, reference=reference)
     groups = list(result.kv_cache_config.kv_cache_groups)
-    notes = _notes(layer_specs, aligned, groups, result.limits, cfg.max_model_len, hybrid, fitted=fit)
+    model_max_len = cfg.max_model_len
+    notes = _notes(layer_specs, aligned, groups, result.limits, model_max_len, hybrid, fitted=fit)
     return attrs.evolve(
         result, notes=notes, max_model_len_fitted=fit, num_blocks_given=num_blocks is not None
     )

@@ -232,11 +232,10 @@ def simulate(
     replay_s = time.perf_counter() - replay_started
     belady_hit_tokens = None
     if options.with_belady and options.enable_caching:
-        if eviction == BELADY:
-            belady_hit_tokens = run.scheduler.hit_tokens
-        else:
-            oracle_run = _replay(plan, registry, options, accepted, ceiling_hits, BELADY, progress)
-            belady_hit_tokens = oracle_run.scheduler.hit_tokens
+        oracle = run if eviction == BELADY else _replay(
+            plan, registry, options, accepted, ceiling_hits, BELADY, progress
+        )  # fmt: skip
+        belady_hit_tokens = oracle.scheduler.hit_tokens
     scheduler = run.scheduler
     manager = _manager_time(scheduler)
     return SimulationReport(

@@ -25,6 +25,7 @@ ALL_RULES = (
     "grouping_key",
     "hit_search",
     "workload",
+    "steady_until",
     "hybrid_workload",
     "torch_views",
 )
@@ -147,6 +148,19 @@ class MispredictingManager(FullAttentionManager):
 
     def steady_until(self, request_id: str, num_computed_tokens: int) -> int:
         return num_computed_tokens  # every step the full way
+
+
+@attrs.frozen(kw_only=True)
+class TooSteady(FullAttentionSpec):
+    kind: ClassVar[str] = "too_steady"
+
+
+class TooSteadyManager(FullAttentionManager):
+    """Counts only the slots its table holds: decode steps that fill a block skip its caching."""
+
+    def steady_until(self, request_id: str, num_computed_tokens: int) -> int:
+        table = self.req_to_blocks.get(request_id)
+        return len(table) * self.block_size if table else num_computed_tokens
 
 
 @attrs.frozen(kw_only=True)
@@ -275,6 +289,7 @@ class RaisingAllocationManager(FullAttentionManager):
         (RaisingAllocation, RaisingAllocationManager, "workload",
          "the plugin's code raised IndexError"),
         (LongHits, LongHitManager, "hit_search", "the hit is"),
+        (TooSteady, TooSteadyManager, "steady_until", "skipped a decode step"),
         (LeakingFirstBlock, LeakingManager, "workload", "but block 0 of its table is freed (null)"),
     ],
     ids=lambda value: getattr(value, "__name__", value),
