@@ -182,6 +182,9 @@ class BlockPool:
     )
 
     null_block: Final = NULL_BLOCK
+    # Whether every block starts free (a page class of a two-level pool starts
+    # with none: its blocks exist only where memory is carved for it).
+    _FREE_AT_START: bool = True
 
     def __init__(
         self,
@@ -237,10 +240,13 @@ class BlockPool:
             groups=tuple(group_info),
             alignment_tokens=alignment_tokens,
             view=self,
+            free_at_start=self._FREE_AT_START,
         )
         self._queue: FreeQueue = factory(info)
-        self._num_free = num_blocks
-        self._take_null_block(factory.name)
+        self._num_free = 0
+        if self._FREE_AT_START:
+            self._num_free = num_blocks
+            self._take_null_block(factory.name)
 
     def _take_null_block(self, policy: str) -> None:
         taken = self._take(1)
@@ -879,8 +885,8 @@ class BlockPool:
 
     def take_events(self) -> list[KVCacheEvent]:
         """Return the queued events, oldest first, and clear the queue."""
-        events = self._events
-        self._events = []
+        events = self._events[:]
+        self._events.clear()
         return events
 
     def peek_events(self) -> tuple[KVCacheEvent, ...]:

@@ -10,7 +10,7 @@ import attrs
 from kvcore.errors import InvalidConfigError
 from kvcore.specs import KVCacheSpec, KVFormat
 
-__all__ = ["KVCacheConfig", "KVCacheGroupSpec", "KVCacheLayout", "KVCacheTensor"]
+__all__ = ["KVCacheConfig", "KVCacheGroupSpec", "KVCacheLayout", "KVCacheTensor", "PagePool"]
 
 #: How the pages of the layers are laid out in the backing allocation.
 #: ``"layer_outer"``: each layer's pages are one contiguous run, block after
@@ -100,6 +100,9 @@ class KVCacheTensor:
         layer_stride: Bytes from one layer of the run to the next.
         block_stride: Bytes from one block of a layer to the next.
         offset: Byte offset of the run's first layer.
+        num_blocks: Blocks of each of the run's layers: the config's
+            ``num_blocks`` when ``None``; with a two-level pool, the small
+            pages of the layers' page class.
     """
 
     size: int
@@ -107,10 +110,79 @@ class KVCacheTensor:
     layer_stride: int
     block_stride: int
     offset: int = 0
+    num_blocks: int | None = None
 
     def page_offset(self, layer_index: int, block_id: int) -> int:
         """Byte offset of the page of block ``block_id`` of ``layers[layer_index]``."""
         return self.offset + layer_index * self.layer_stride + block_id * self.block_stride
+
+
+def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
+@attrs.frozen(kw_only=True)
+class PagePool:
+    """How a two-level pool carves its memory: large pages, cut into small pages per class.
+
+    Each page class is one page size among the groups; a group's block ids
+    are small-page ids of its class. A large page belongs to one class at a
+    time (or to none, then it is free): class ``c``'s small page ``s`` is the
+    ``s % k``-th of large page ``s // k``, with ``k = large_page_bytes //
+    class_page_bytes[c]``. Large page 0 holds every class's null block and
+    is never handed out.
+
+    Attributes:
+        large_page_bytes: Bytes of one large page, in each backing run.
+        num_large_pages: Large pages, large page 0 included.
+        class_page_bytes: Bytes of one small page of each class (each
+            divides ``large_page_bytes``), by class.
+        group_classes: The class of each KV cache group, by group id.
+
+    Raises:
+        InvalidConfigError: a count or size is not a positive integer, a
+            class page does not divide the large page, or a group names no
+            class.
+    """
+
+    large_page_bytes: int
+    num_large_pages: int
+    class_page_bytes: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    group_classes: tuple[int, ...] = attrs.field(converter=_int_tuple)
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("large_page_bytes", "num_large_pages"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                msg = f"PagePool.{name} must be a positive integer, got {value!r}"
+                raise InvalidConfigError(msg)
+        for page in self.class_page_bytes:
+            if type(page) is not int or page < 1 or self.large_page_bytes % page:
+                msg = (
+                    f"PagePool.class_page_bytes: {page!r} is not a positive divisor of the "
+                    f"{self.large_page_bytes}-byte large page"
+                )
+                raise InvalidConfigError(msg)
+        for klass in self.group_classes:
+            if type(klass) is not int or not 0 <= klass < len(self.class_page_bytes):
+                msg = (
+                    f"PagePool.group_classes: {klass!r} is not a class "
+                    f"(0..{len(self.class_page_bytes) - 1})"
+                )
+                raise InvalidConfigError(msg)
+
+    @property
+    def num_classes(self) -> int:
+        """Page classes."""
+        return len(self.class_page_bytes)
+
+    def pages_per_large_page(self, klass: int) -> int:
+        """Small pages of class ``klass`` one large page holds."""
+        return self.large_page_bytes // self.class_page_bytes[klass]
+
+    def num_blocks(self, klass: int) -> int:
+        """Small-page ids of class ``klass`` (over every large page, the null page's included)."""
+        return self.num_large_pages * self.pages_per_large_page(klass)
 
 
 def _group_tuple(groups: Iterable[KVCacheGroupSpec]) -> tuple[KVCacheGroupSpec, ...]:
@@ -138,18 +210,44 @@ class KVCacheConfig:
     """Everything the KV cache manager and the model runner need to agree on.
 
     Attributes:
-        num_blocks: Blocks in the pool, the null block (id 0) included.
+        num_blocks: Blocks in the pool, the null block (id 0) included. With a
+            two-level pool: its large pages (``page_pool.num_large_pages``).
         kv_cache_groups: The groups, in group-id order.
         kv_cache_tensors: The views of the backing allocation (empty for a
             manager-only config).
         layout: How pages are laid out in the backing allocation (see
             :data:`kvcore.KVCacheLayout`).
+        page_pool: ``None``: one page size for every group, one pool of
+            ``num_blocks`` blocks (the reference's design). Otherwise the
+            two-level pool every group's pages are carved from.
+
+    Raises:
+        InvalidConfigError: a bad block count or layout, or a page pool whose
+            classes do not match the groups.
     """
 
     num_blocks: int = attrs.field(validator=_check_num_blocks)
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = attrs.field(converter=_group_tuple)
     kv_cache_tensors: tuple[KVCacheTensor, ...] = attrs.field(default=(), converter=_tensor_tuple)
     layout: KVCacheLayout = attrs.field(default="layer_outer", validator=_check_layout)
+    page_pool: PagePool | None = None
+
+    def __attrs_post_init__(self) -> None:
+        pool = self.page_pool
+        if pool is None:
+            return
+        if len(pool.group_classes) != len(self.kv_cache_groups):
+            msg = (
+                f"KVCacheConfig.page_pool names a class for {len(pool.group_classes)} groups, "
+                f"the config has {len(self.kv_cache_groups)}"
+            )
+            raise InvalidConfigError(msg)
+        if pool.num_large_pages != self.num_blocks:
+            msg = (
+                f"KVCacheConfig.num_blocks ({self.num_blocks}) must equal the page pool's "
+                f"num_large_pages ({pool.num_large_pages})"
+            )
+            raise InvalidConfigError(msg)
 
     @classmethod
     def from_specs(cls, num_blocks: int, specs: Sequence[KVCacheSpec]) -> KVCacheConfig:
@@ -206,10 +304,11 @@ class KVCacheConfig:
         raise InvalidConfigError(msg)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready description: groups (layers, spec fields), tensors, layout."""
+        """A JSON-ready description: groups (layers, spec fields), tensors, layout, page pool."""
         return {
             "num_blocks": self.num_blocks,
             "layout": self.layout,
+            "page_pool": None if self.page_pool is None else attrs.asdict(self.page_pool),
             "bytes_per_block": self.bytes_per_block,
             "kv_cache_groups": [
                 {

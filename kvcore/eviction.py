@@ -141,16 +141,23 @@ class PoolInfo:
 
     Attributes:
         num_blocks: Block ids are ``0 .. num_blocks - 1``; block 0 is the null
-            block and is never free. All others start free, never allocated.
+            block and is never free. All others start free, never allocated
+            (unless ``free_at_start`` is false).
         groups: One entry per KV cache group, by group id.
         alignment_tokens: Hit lengths are multiples of this many tokens.
         view: Read access to the pool's per-block state.
+        free_at_start: ``False`` for the blocks of one page class of a
+            two-level pool: no block is free at the start, and blocks become
+            free only through ``release`` (as the pool carves memory for the
+            class) and leave through ``revive`` (as it gives memory back). A
+            policy must then start with an empty free set.
     """
 
     num_blocks: int
     groups: tuple[GroupInfo, ...] = (GroupInfo(),)
     alignment_tokens: int = 1
     view: PoolView | None = None
+    free_at_start: bool = True
 
 
 @runtime_checkable

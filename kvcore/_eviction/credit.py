@@ -54,7 +54,7 @@ class CreditQueues:
 
     Args:
         num_blocks: Block ids ``0 .. num_blocks - 1``, all free and never
-            allocated at the start.
+            allocated at the start (none free, with ``free_at_start=False``).
         credits: Credit of each valued class ``1 .. len(credits)``, in
             released blocks (class 0, :data:`WORTHLESS`, has none: it always
             goes first).
@@ -76,7 +76,9 @@ class CreditQueues:
         "num_classes",
     )
 
-    def __init__(self, num_blocks: int, credits: Sequence[int]) -> None:
+    def __init__(
+        self, num_blocks: int, credits: Sequence[int], *, free_at_start: bool = True
+    ) -> None:
         self.num_classes = len(credits) + 1
         if self.num_classes > NOT_FREE:
             msg = f"at most {NOT_FREE - 1} valued classes, got {len(credits)}"
@@ -94,7 +96,7 @@ class CreditQueues:
         self._prev[num_blocks:] = self._sentinels
         self._class = bytearray([NOT_FREE]) * num_blocks
         self._deadline = array("q", bytes(8 * num_blocks))
-        self._fresh_start = 0
+        self._fresh_start = 0 if free_at_start else num_blocks
         self._fresh_end = num_blocks
         # Never-allocated blocks inside the fresh run taken out by remove();
         # _fresh_start itself is never one of them.

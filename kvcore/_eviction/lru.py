@@ -62,7 +62,8 @@ class LRUFreeQueue:
 
     Args:
         num_blocks: Block ids are ``0 .. num_blocks - 1``; all start free, in
-            id order.
+            id order (none, with ``free_at_start=False``).
+        free_at_start: Whether the blocks start free.
     """
 
     __slots__ = (
@@ -97,7 +98,7 @@ class LRUFreeQueue:
     #: (the search for the run is a C-level scan of the list).
     CUT_SEARCH_PER_BLOCK: ClassVar[int] = 8
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, *, free_at_start: bool = True) -> None:
         # Freed blocks, oldest first; entries before _head are consumed.
         self._queue: list[int] = []
         self._head = 0
@@ -113,7 +114,7 @@ class LRUFreeQueue:
         # list, and the stale entries each block has there.
         self._swept_live: set[int] = set()
         self._swept_stale: Counter[int] = Counter()
-        self._fresh_start = 0
+        self._fresh_start = 0 if free_at_start else num_blocks
         self._fresh_end = num_blocks
         # Never-allocated blocks inside [_fresh_start, _fresh_end) that are not
         # free (revived); _fresh_start itself is never one of them.
@@ -505,4 +506,4 @@ def _take_live(
 
 def lru_policy(info: PoolInfo) -> LRUFreeQueue:
     """Least recently freed first, a request's tail before its head: vLLM 0.14's order."""
-    return LRUFreeQueue(info.num_blocks)
+    return LRUFreeQueue(info.num_blocks, free_at_start=info.free_at_start)

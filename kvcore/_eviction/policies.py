@@ -170,6 +170,7 @@ class ValuePolicy:
                 for hit in hit_credits
                 for level in range(self._depth_levels)
             ],
+            free_at_start=info.free_at_start,
         )
         self._state = bytearray(n)
         self._end = array("i", bytes(4 * n))

@@ -81,6 +81,16 @@ def _driven(name: str, factory: EvictionPolicyFactory) -> QueueFactory:
     return QueueFactory(name, lambda info: PolicyDriver(build_policy(factory, info)))
 
 
+def _check_starts_empty(name: str, policy: EvictionPolicy, info: PoolInfo) -> None:
+    if not info.free_at_start and next(iter(policy), None) is not None:
+        msg = (
+            f"eviction policy {name} starts with free blocks although the pool built it "
+            "with PoolInfo.free_at_start=False (a page class of a two-level pool, whose "
+            "blocks become free only through release); start with an empty free set then"
+        )
+        raise HookImplementationError(msg)
+
+
 def _describe(factory: Callable[..., Any]) -> str:
     doc = getattr(factory, "description", None) or getattr(factory, "__doc__", None) or ""
     doc = doc.strip()
@@ -192,16 +202,18 @@ def build_policy(factory: EvictionPolicyFactory, info: PoolInfo) -> EvictionPoli
 
     Raises:
         HookImplementationError: a method of :class:`~kvcore.eviction.EvictionPolicy`
-            is missing, naming the factory and the methods.
+            is missing, naming the factory and the methods; or the policy
+            starts with free blocks when ``info.free_at_start`` is false.
     """
     policy = factory(info)
-    missing = [name for name in POLICY_METHODS if not callable(getattr(policy, name, None))]
+    name = getattr(factory, "__qualname__", None) or repr(factory)
+    missing = [method for method in POLICY_METHODS if not callable(getattr(policy, method, None))]
     if missing:
-        name = getattr(factory, "__qualname__", None) or repr(factory)
         msg = (
             f"eviction policy factory {name} built a {type(policy).__name__} without "
             f"{', '.join(missing)}; an EvictionPolicy needs {', '.join(POLICY_METHODS)} "
             "(see kvcore.eviction)"
         )
         raise HookImplementationError(msg)
+    _check_starts_empty(name, policy, info)
     return policy
