@@ -44,12 +44,15 @@ def test_messages_are_topic_sequence_payload_frames(publisher):
     raw.setsockopt(zmq.SUBSCRIBE, b"kv@e0")
     raw.connect(publisher.endpoint)
     try:
+        # A PUB socket drops messages until the subscription has reached it:
+        # publish until one arrives, and fail (not hang) if none does.
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
+        arrived = False
+        while not arrived and time.monotonic() < deadline:
             seq = publisher.publish(EventBatch(1.0, [stored(seq_hint := 1)]))
-            if raw.poll(50):
-                break
-        topic, seq_frame, payload = raw.recv_multipart()
+            arrived = bool(raw.poll(50))
+        assert arrived, "no message reached the SUB socket within 5 s"
+        topic, seq_frame, payload = raw.recv_multipart(zmq.NOBLOCK)
         assert topic == b"kv@e0"
         assert seq_frame == seq.to_bytes(8, "big")
         assert kvcore.cluster.decode_batch(payload).events == [stored(seq_hint)]
