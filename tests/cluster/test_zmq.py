@@ -129,3 +129,27 @@ def test_garbage_payloads_are_counted_and_skipped(publisher):
         assert subscriber.bad_payloads == 1
     finally:
         subscriber.close()
+
+
+def test_a_step_of_more_hashes_than_a_batch_takes_goes_out_as_several():
+    big = kvcore.BlockStored(
+        block_hashes=range(20_000), parent_block_hash=None, token_ids=[], block_size=4
+    )
+    index = ClusterIndex(layout([full()], num_blocks=30_000))
+    with EventPublisher(ENDPOINT, ENDPOINT) as publisher:
+        subscriber = EventSubscriber("e0", publisher.endpoint, publisher.replay_endpoint)
+        try:
+            first = publisher.next_seq
+            assert publisher.publish(EventBatch(1.0, [big])) == first + 1  # 16,384 + 3,616
+            # Until the subscription reaches the PUB socket its messages are
+            # dropped: empty batches after it make the gap seen, and replayed.
+            deadline = time.monotonic() + 10
+            while index.cached_blocks("e0") < 20_000:
+                assert time.monotonic() < deadline, "the batches never arrived"
+                publisher.publish(EventBatch(2.0, []))
+                subscriber.pump(index, timeout_ms=50)
+            assert index.cached_blocks("e0") == 20_000
+            assert index.stats.rejected == 0
+            assert subscriber.replayed >= 2 or subscriber.received >= 2
+        finally:
+            subscriber.close()
