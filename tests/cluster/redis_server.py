@@ -43,7 +43,10 @@ def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
         ``(ca.crt, server.crt, server.key)``.
     """
     if shutil.which("openssl") is None:
-        pytest.fail("openssl is needed to make the TLS test's certificates")
+        reason = "openssl is not installed: the Redis TLS test makes its certificates with it"
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{reason}; {REQUIRE_ENV} is set, so this is an error")
+        pytest.skip(reason)
     ca_key, ca_crt = folder / "ca.key", folder / "ca.crt"
     key, csr, crt = folder / "server.key", folder / "server.csr", folder / "server.crt"
     ext = folder / "san.ext"
