@@ -28,8 +28,16 @@ _SEQ_END: Final = 2**53
 
 
 def ops_bytes(ops: Ops) -> int:
-    """What a queued batch is counted for: 64 bytes, 64 per operation, 8 per hash."""
-    return MARKER_BYTES * (1 + len(ops)) + 8 * sum(len(hashes) for _, _, hashes in ops)
+    """What a held or queued batch is counted for: 64 bytes, 64 an operation, its hashes' sizes.
+
+    A hash counts 8 bytes (an integer) or its length (a digest).
+    """
+    size = MARKER_BYTES * (1 + len(ops))
+    for _, _, hashes in ops:
+        if hashes:
+            first = hashes[0]
+            size += len(hashes) * (len(first) if type(first) is bytes else 8)
+    return size
 
 
 def bare_reset(batch: ReadyBatch) -> ReadyBatch:
@@ -118,7 +126,8 @@ class Follower:
             EngineConflictError: another live incarnation publishes under
                 ``engine``; the id is refused.
         """
-        check_engine_id(engine)
+        if type(engine) is not str or engine not in self.states:
+            check_engine_id(engine)  # checked once per engine
         if type(seq) is not int or not 0 <= seq < _SEQ_END:
             msg = f"seq must be an integer >= 0 and below 2**53, got {seq!r}"
             raise InvalidConfigError(msg)
@@ -178,24 +187,28 @@ class Follower:
         try:
             when = self.checker.check_ts(ts)
             cap = self._announced_cap(state, num_blocks)
-            ops, size = self.checker.ops(events, cap)
+            ops = self.checker.ops(events, cap)
         except InvalidEventError:
             self.stats.rejected += 1
             self._lost(engine, state, seq, ts if _finite(ts) else 0.0)
             raise
         state.cap = cap
         self.stats.events += len(events)
+        held = Held(when, ops, ops_bytes(ops))
         if seq > state.expected:
-            state.hold(seq, Held(when, ops, size))
-            if (
-                len(state.pending) > self.max_pending
-                or state.pending_bytes > self.max_pending_bytes
-            ):
-                self.resync(engine)
+            if self._hold(engine, state, seq, held):
                 return result
             return SubmitResult.BUFFERED if result == SubmitResult.APPLIED else result
-        self._release(engine, state, seq, Held(when, ops, size))
+        self._release(engine, state, seq, held)
         return result
+
+    def _hold(self, engine: str, state: EngineState, seq: int, held: Held) -> bool:
+        """Hold ``held`` behind the gap; past the bounds, resync (``True``)."""
+        state.hold(seq, held)
+        if len(state.pending) > self.max_pending or state.pending_bytes > self.max_pending_bytes:
+            self.resync(engine)
+            return True
+        return False
 
     def _announced_cap(self, state: EngineState, num_blocks: object) -> int:
         if num_blocks is None:
@@ -214,7 +227,7 @@ class Follower:
             return
         held = Held(float(ts), (), MARKER_BYTES, lost=True)
         if seq > state.expected:
-            state.hold(seq, held)
+            self._hold(engine, state, seq, held)
             return
         self._release(engine, state, seq, held)
 

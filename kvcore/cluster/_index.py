@@ -16,7 +16,7 @@ from kvcore.cluster._errors import IndexUnavailableError, InvalidConfigError, In
 from kvcore.cluster._following import Follower, bare_reset
 from kvcore.cluster._hit_rule import EngineView, FleetLayout, longest_hit
 from kvcore.cluster._results import IndexStats, SubmitResult
-from kvcore.cluster._validate import EventChecker
+from kvcore.cluster._validate import EventChecker, check_engine_id
 from kvcore.errors import InvalidRequestError
 
 __all__ = ["ClusterIndex", "IndexStats", "SubmitResult"]
@@ -212,8 +212,11 @@ class ClusterIndex:
 
         A subscriber asks the publisher's replay endpoint for batches from
         there; if the publisher no longer has them, call :meth:`resync`.
+
+        Raises:
+            InvalidConfigError: ``engine`` is not an engine id.
         """
-        return self._follower.missing(engine)
+        return self._follower.missing(check_engine_id(engine))
 
     def resync(self, engine: str) -> None:
         """Give up on ``engine``'s missing batches: drop its entries, continue after the gap.
@@ -221,8 +224,11 @@ class ClusterIndex:
         The held batches are then applied from the first one on, onto an empty
         entry set: what the lost batches stored is missing (an
         under-estimate), nothing removed in them lingers.
+
+        Raises:
+            InvalidConfigError: ``engine`` is not an engine id.
         """
-        self._follower.resync(engine)
+        self._follower.resync(check_engine_id(engine))
 
     def heartbeat(self, engine: str) -> None:
         """``engine`` is alive (it has no events to send).
@@ -338,7 +344,13 @@ class ClusterIndex:
         return self._follower.live()
 
     def cached_blocks(self, engine: str) -> int:
-        """Block entries held for ``engine`` (after applying queued batches)."""
+        """Block entries held for ``engine`` (after applying queued batches).
+
+        Raises:
+            InvalidConfigError: ``engine`` is not an engine id.
+            IndexUnavailableError: the backend cannot be reached.
+        """
+        check_engine_id(engine)
         self.flush()
         return self._backend_call(self.backend.cached_blocks, engine)
 
@@ -371,12 +383,15 @@ class ClusterIndex:
         Raises:
             InvalidRequestError: ``block_hashes`` are not hashes of the
                 layout's algorithm.
+            InvalidConfigError: an entry of ``engines`` is not an engine id.
             IndexUnavailableError: the backend cannot be reached.
         """
         block_hashes = self._query_hashes(block_hashes)
         self.flush()
         if engines is None:
             engines = self.live_engines()
+        else:
+            engines = [check_engine_id(engine) for engine in engines]
         start = time.perf_counter()
         group_hashes = self.layout.group_hashes(block_hashes, self.hash_block_size)
         snapshot = self._backend_call(self.backend.snapshot, engines, group_hashes)

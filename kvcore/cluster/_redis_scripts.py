@@ -20,11 +20,13 @@ __all__ = ["APPLY", "QUERY", "RESULTS"]
 # The script checks everything before its first write, so a refused batch, or
 # one Redis stops with an out-of-memory error (Redis refuses only a script's
 # first growing write), changes nothing: (1) the arguments (groups, widths,
-# field counts: no input loops or grows without bound), (2) the keys' types,
-# (3) sequence and incarnation (kvcore.cluster._backend.sequence_decision),
-# (4) the final count of every hash the batch touches (from the stored
-# counts, after the last clear) against max_blocks. Then it writes the final
-# state of those hashes with bulk commands. Returns a code of RESULTS.
+# field counts: no input loops or grows without bound), (2) sequence and
+# incarnation (kvcore.cluster._backend.sequence_decision), (3) the final count
+# of every hash the batch touches (from the stored counts, read with pcall so
+# a key of another type is found before any write) against max_blocks. Then
+# it writes the final state of those hashes with bulk commands: only keys it
+# has read (or deleted, on a reset), so every write is to a key of the right
+# type. Returns a code of RESULTS.
 APPLY: Final = """
 local num_groups = (#KEYS - 1) / 2
 local n = #ARGV
@@ -53,18 +55,11 @@ for i = 8, n, 4 do
     return -1
   end
 end
-local broken = false
+-- A meta key of another type (someone else wrote there) reads as absent: the
+-- batch then resets the engine, whose keys are deleted first.
 local meta = {}
-local meta_type = redis.call('TYPE', KEYS[1])['ok']
-if meta_type == 'hash' then
-  meta = redis.call('HMGET', KEYS[1], 'seq', 'inc', 'n', 'retired')
-elseif meta_type ~= 'none' then
-  broken = true
-end
-for k = 2, #KEYS do
-  local t = redis.call('TYPE', KEYS[k])['ok']
-  if t ~= 'none' and t ~= (k <= num_groups + 1 and 'set' or 'hash') then broken = true end
-end
+local read, found = pcall(redis.call, 'HMGET', KEYS[1], 'seq', 'inc', 'n', 'retired')
+if read then meta = found end
 local inc = ARGV[5]
 local reset = ARGV[4] == '1'
 local last = tonumber(meta[1])
@@ -87,13 +82,13 @@ elseif seq ~= last + 1 and not reset then
   return 5
 end
 if first > 8 then reset = true end
-if broken and not reset then return 4 end
 -- One pass over the operations after the last clear: each hash is sliced
--- once; the stored counts of an operation's hashes not seen before are read
--- in bulk (SMISMEMBER, and HMGET when the group has a copies hash at all);
--- `base` keeps them, `now` the counts as the batch changes them, `touched`
--- (counted by `sizes`) the order hashes were first seen in. Appends use
--- explicit counters: the length operator costs a search on every call.
+-- once; `now` holds the count of every hash touched as the batch changes it
+-- (a hash first seen starts at its stored count), `base` the stored count of
+-- those the engine held, `touched` (counted by `sizes`) the order hashes were
+-- first seen in. The stored counts of an operation's new hashes are read in
+-- bulk (SMISMEMBER, and HMGET when the group has a copies hash at all).
+-- Appends use explicit counters: the length operator costs a search a call.
 local touched, sizes, base, now, has_copies = {}, {}, {}, {}, {}
 for g = 0, num_groups - 1 do
   touched[g], sizes[g], base[g], now[g] = {}, 0, {}, {}
@@ -103,43 +98,48 @@ local held = reset and 0 or (tonumber(meta[3]) or 0)
 for i = first, n, 4 do
   local g, width, packed = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3]
   local list, known, counts, size = touched[g], base[g], now[g], sizes[g]
-  local fields, new, f, u = {}, {}, 0, 0
+  local fields, f, seen = {}, 0, size
   for p = 1, #packed, width do
     local field = string.sub(packed, p, p + width - 1)
     f = f + 1
     fields[f] = field
-    if known[field] == nil then
-      known[field] = 0
+    if counts[field] == nil then
+      counts[field] = 0
       size = size + 1
       list[size] = field
-      u = u + 1
-      new[u] = field
     end
   end
   sizes[g] = size
   if not reset then
-    for s = 1, u, 4000 do
-      local e = math.min(u, s + 3999)
-      local present = redis.call('SMISMEMBER', KEYS[g + 2], unpack(new, s, e))
+    -- The hashes this operation is the first to touch: list[seen + 1 .. size].
+    for s = seen + 1, size, 4000 do
+      local e = math.min(size, s + 3999)
+      -- A key of another type fails the read, before any write: broken.
+      local read, present = pcall(redis.call, 'SMISMEMBER', KEYS[g + 2], unpack(list, s, e))
+      if not read then return 4 end
       local extra = {}
       if has_copies[g] then
-        extra = redis.call('HMGET', KEYS[num_groups + g + 2], unpack(new, s, e))
+        read, extra = pcall(redis.call, 'HMGET', KEYS[num_groups + g + 2], unpack(list, s, e))
+        if not read then return 4 end
       end
       for j = 1, e - s + 1 do
-        if present[j] == 1 then known[new[s + j - 1]] = 1 + (tonumber(extra[j]) or 0) end
+        if present[j] == 1 then
+          local field, count = list[s + j - 1], 1 + (tonumber(extra[j]) or 0)
+          known[field], counts[field] = count, count
+        end
       end
     end
   end
   if ARGV[i] == 'S' then
     for j = 1, f do
       local field = fields[j]
-      counts[field] = (counts[field] or known[field]) + 1
+      counts[field] = counts[field] + 1
     end
     held = held + f
   else
     for j = 1, f do
       local field = fields[j]
-      local count = counts[field] or known[field]
+      local count = counts[field]
       if count > 0 then
         counts[field] = count - 1
         held = held - 1
@@ -160,8 +160,7 @@ for g = 0, num_groups - 1 do
   local known, counts, list = base[g], now[g], touched[g]
   for j = 1, sizes[g] do
     local field = list[j]
-    local was = known[field]
-    local count = counts[field] or was
+    local was, count = known[field] or 0, counts[field]
     if count > 0 and was == 0 then a = a + 1; added[a] = field end
     if count == 0 and was > 0 then r = r + 1; gone[r] = field end
     if count > 1 and count ~= was then

@@ -59,9 +59,6 @@ _DIGEST_BYTES: Final = {"sha256": 32, "xxh3_128": 16}
 _INT_MIN: Final = -(2**63)
 _UINT_END: Final = 2**64
 _INT_END: Final = 2**63
-# Bytes a held or queued batch is counted for: per operation, and per integer hash.
-_OP_BYTES: Final = 64
-_INT_HASH_BYTES: Final = 8
 _ENGINE_ID = re.compile(r"[!-~]{1,200}")
 _INCARNATION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -128,8 +125,8 @@ class EventChecker:
             raise InvalidEventError(msg)
         return float(ts)  # type: ignore[arg-type]
 
-    def ops(self, events: Sequence[Any], max_blocks: int) -> tuple[Ops, int]:
-        """The batch's block operations and their size in bytes (as held in memory).
+    def ops(self, events: Sequence[Any], max_blocks: int) -> Ops:
+        """The batch's block operations, in event order.
 
         Raises:
             InvalidEventError: an event does not fit (the message names it
@@ -143,7 +140,6 @@ class EventChecker:
             self._too_many(f"{len(events)} events", limit, max_blocks)
         ops: list[tuple[int, int, Sequence[Hashable]]] = []
         total = 0
-        hash_bytes = self.digest_bytes or _INT_HASH_BYTES
         for i, event in enumerate(events):
             op, group = self._shape(i, event)
             if op == CLEAR:
@@ -154,8 +150,7 @@ class EventChecker:
             if total > limit:
                 self._too_many(f"{total} block hashes or more", limit, max_blocks)
             ops.append((op, group, self._hashes(i, event)))
-        size = _OP_BYTES * len(ops) + total * hash_bytes
-        return tuple(ops), size
+        return tuple(ops)
 
     def _shape(self, i: int, event: object) -> tuple[int, int]:
         """``(op, group)`` of event ``i``, with its group, block size and kind checked."""

@@ -657,3 +657,35 @@ def test_an_engine_known_from_heartbeats_starts_with_its_first_incarnation(make_
     assert index.submit("a", 0, 1.0, [stored([1])], incarnation="x") == SubmitResult.APPLIED
     assert index.stats.restarts == 0
     assert index.cached_blocks("a") == 1
+
+
+def test_refused_batches_ahead_of_a_gap_are_held_within_the_bounds(make_index):
+    # A publisher sending only bad batches, each two ahead of the last, so a
+    # gap stays open: each is held (to drop the entries once it is due), at
+    # most max_pending = 8 of them. The 9th held resyncs (the first held one
+    # is released), so 199 batches resync 199 - 8 times.
+    index = make_index([full()], max_pending=8)
+    index.submit("a", 0, 0.0, [stored([1])])
+    for seq in range(2, 400, 2):
+        with pytest.raises(InvalidEventError):
+            index.submit("a", seq, 1.0, [stored([1], group=9)])
+    assert index.stats.rejected == 199
+    assert index.stats.resyncs == 199 - 8
+    assert index.missing("a") == 400 - 2 * 8 - 1
+    assert index.cached_blocks("a") == 0  # the refused batches dropped the entries
+
+
+def test_calls_with_bad_ids_or_hashes_name_the_argument(make_index):
+    index = make_index([full()])
+    for bad in ([], "a b", "", 5, "x" * 201):
+        with pytest.raises(kvcore.InvalidConfigError, match="engine must be"):
+            index.submit(bad, 0, 0.0, [])
+        with pytest.raises(kvcore.InvalidConfigError, match="engine must be"):
+            index.cached_blocks(bad)
+        with pytest.raises(kvcore.InvalidConfigError, match="engine must be"):
+            index.hit_tokens([1], 5, [bad])
+    with pytest.raises(kvcore.InvalidRequestError, match="block_hashes must be integers"):
+        index.hit_tokens([b"12345678"], 5)
+    with pytest.raises(InvalidEventError, match="incarnation must be"):
+        index.submit("a", 0, 0.0, [], incarnation="two words")
+    assert index.live_engines() == []
