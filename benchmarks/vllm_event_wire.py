@@ -94,11 +94,24 @@ def main() -> int:
     # 1. vLLM -> kvcore
     decoded = decode_batch(vllm_bytes)
     assert decoded == EventBatch(1700000000.25, kvcore_events(0, None), 3), decoded
-    # 2. kvcore (with the extension) -> vLLM
-    ours = encode_batch(EventBatch(1700000000.25, kvcore_events(1, "sliding_window"), 3))
+    # 2. kvcore (with the extension: trailing event fields, and the batch's
+    # incarnation and pool after its rank) -> vLLM
+    ours = encode_batch(
+        EventBatch(
+            1700000000.25,
+            kvcore_events(1, "sliding_window"),
+            3,
+            incarnation="0123456789abcdef",
+            num_blocks=4096,
+        )
+    )
     theirs = msgspec.msgpack.Decoder(KVEventBatch).decode(ours)
     assert theirs == vllm_batch(), theirs
     assert msgspec.msgpack.encode(theirs) == vllm_bytes
+    assert decode_batch(ours).incarnation == "0123456789abcdef"
+    # A rank of None is written as nil before the extension; vLLM reads None.
+    no_rank = encode_batch(EventBatch(1.0, [], incarnation="x", num_blocks=8))
+    assert msgspec.msgpack.Decoder(KVEventBatch).decode(no_rank) == KVEventBatch(ts=1.0, events=[])
     # kvcore without a group or kind still writes its trailing fields; vLLM
     # reads the same objects.
     plain = encode_batch(EventBatch(1700000000.25, kvcore_events(0, None), 3))

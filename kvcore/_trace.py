@@ -19,7 +19,11 @@ Both accept an optional ``request_id`` (default: the line number) and an
 optional ``timestamp`` (default 0); other fields are ignored. Blank lines are
 skipped. A malformed line raises :class:`TraceFormatError` naming the file,
 the line number and the reason, or is skipped and counted when the reader is
-asked to skip bad lines.
+asked to skip bad lines. A line longer than 64 MiB (64 Mi characters, some 8
+M token ids) is always an error: a trace has one request per line, and a
+file that is not one (``/dev/zero``) must not be read without end. A long
+line that does not start as JSON (an object or array) is refused after its
+first 64 KiB.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 import attrs
 
@@ -50,6 +55,10 @@ MOONCAKE_BLOCK_TOKENS = 512
 _MAX_TOKEN_ID = 2**63 - 1
 #: Hash ids whose synthesised token ids stay within that range.
 _MAX_HASH_ID = (_MAX_TOKEN_ID + 1) // MOONCAKE_BLOCK_TOKENS - 1
+#: Characters a trace line may have (a request with some 8 M explicit token ids).
+MAX_LINE_CHARS = 64 << 20
+# Characters read at a time: a line longer than this must start as a JSON object.
+_LINE_CHUNK = 64 << 10
 
 
 @attrs.frozen(kw_only=True)
@@ -144,6 +153,45 @@ def trace_request_to_json(request: TraceRequest) -> str:
 
 class _BadLineError(Exception):
     """Internal: a line's reason for rejection, before the file and line are attached."""
+
+
+class _LongLineError(Exception):
+    """Internal: a line past :data:`MAX_LINE_CHARS` (always fatal: it cannot be skipped)."""
+
+
+def _read_line(handle: TextIO, skip_bad_lines: bool) -> str:
+    """The next line (``""`` at the end), read in chunks and bounded in length.
+
+    Raises:
+        _BadLineError: a long line that does not start as a JSON object or
+            array (raised after its first chunk unless bad lines are skipped,
+            which needs the rest of it read).
+        _LongLineError: a line past :data:`MAX_LINE_CHARS`.
+        UnicodeDecodeError: the text is not UTF-8.
+    """
+    text = handle.readline(_LINE_CHUNK)
+    if not text or text.endswith("\n"):
+        return text
+    start = text.lstrip()[:1]
+    hopeless = start not in ("", "{", "[")  # no JSON object or array starts so
+    if hopeless:
+        if not skip_bad_lines:
+            msg = f"not a JSON object (the line starts with {start!r}; one request per line)"
+            raise _BadLineError(msg)
+        text = start
+    parts, size = [text], len(text)
+    while not parts[-1].endswith("\n"):
+        chunk = handle.readline(_LINE_CHUNK)
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > MAX_LINE_CHARS:
+            raise _LongLineError
+        if hopeless:
+            parts = [start, chunk[-1:]]  # only whether it ended matters
+        else:
+            parts.append(chunk)
+    return "".join(parts)
 
 
 def _is_int(value: object) -> bool:
@@ -243,6 +291,27 @@ def _parse_record(record: object, line_no: int) -> TraceRequest:
     )
 
 
+def _json_record(text: str) -> object:
+    """The JSON value of one line.
+
+    Raises:
+        _BadLineError: not JSON, nested too deeply, or an integer Python
+            will not read (more than 4300 digits).
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        msg = f"not valid JSON ({exc.msg} at column {exc.colno})"
+        raise _BadLineError(msg) from None
+    except RecursionError:
+        msg = "JSON nested too deeply (a request is one flat object)"
+        raise _BadLineError(msg) from None
+    except ValueError:
+        # Python refuses to read integers of more than 4300 digits.
+        msg = "not valid JSON: an integer has more than 4300 digits (no field takes one so large)"
+        raise _BadLineError(msg) from None
+
+
 def _iter_lines(
     path: Path, limit: int | None, skip_bad_lines: bool, bad_lines: list[BadLine]
 ) -> Iterator[TraceRequest]:
@@ -259,28 +328,29 @@ def _iter_lines(
     with handle:
         line_no = 0
         while True:
+            if limit is not None and count >= limit:
+                return
             try:
-                text = handle.readline()
+                text = _read_line(handle, skip_bad_lines)
             except UnicodeDecodeError as exc:
                 msg = f"{path}:{line_no + 1}: not UTF-8 text ({exc.reason})"
+                raise TraceFormatError(msg) from None
+            except _LongLineError:
+                msg = (
+                    f"{path}:{line_no + 1}: the line is longer than 64 MiB: a trace has one "
+                    "request (a JSON object) per line"
+                )
+                raise TraceFormatError(msg) from None
+            except _BadLineError as exc:
+                msg = f"{path}:{line_no + 1}: {exc}; fix the line or pass --skip-bad-lines"
                 raise TraceFormatError(msg) from None
             if not text:
                 return
             line_no += 1
-            if limit is not None and count >= limit:
-                return
             if not text.strip():
                 continue
             try:
-                try:
-                    record = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    msg = f"not valid JSON ({exc.msg} at column {exc.colno})"
-                    raise _BadLineError(msg) from None
-                except RecursionError:
-                    msg = "JSON nested too deeply (a request is one flat object)"
-                    raise _BadLineError(msg) from None
-                request = _parse_record(record, line_no)
+                request = _parse_record(_json_record(text), line_no)
                 if request.request_id in seen_ids:
                     msg = f"request_id {request.request_id!r} already used by an earlier line"
                     raise _BadLineError(msg)

@@ -33,8 +33,10 @@ def add_fleet_options(parser: Any) -> None:
     )
     group.add_argument(
         "--index",
-        metavar="redis://HOST:PORT",
-        help="keep the cluster index in Redis (needs kvcore[fleet]; default: in-process)",
+        metavar="URL",
+        help="keep the cluster index in Redis: redis://[USER:PASSWORD@]HOST:PORT, "
+        "rediss://... for TLS (?ssl_ca_certs=FILE to trust a private authority) or "
+        "unix://PATH (needs kvcore[fleet]; default: in-process)",
     )
     group.add_argument(
         "--scoring",

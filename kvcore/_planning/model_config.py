@@ -52,6 +52,9 @@ __all__ = [
 #: model in float32 (torch's default), so its cache holds float32 too.
 DEFAULT_DTYPE = "float32"
 
+#: Decoder layers a config may declare.
+_MAX_LAYERS = 10_000
+
 
 def _read_only(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(value))
@@ -86,12 +89,22 @@ class ModelFields(ConfigFields):
 
     @property
     def num_hidden_layers(self) -> int:
-        """Decoder layers (``num_hidden_layers``), at least 1.
+        """Decoder layers (``num_hidden_layers``), from 1 to 10,000.
 
         Raises:
-            InvalidConfigError: missing, or not a positive integer.
+            InvalidConfigError: missing, not a positive integer, or past
+                10,000 (no model has nearly so many; the bound keeps a typo
+                from building a billion layers).
         """
-        return self.require_int("num_hidden_layers")
+        count = self.require_int("num_hidden_layers")
+        if count > _MAX_LAYERS:
+            msg = (
+                f"{self._where()}: num_hidden_layers must be at most {_MAX_LAYERS} (no model has "
+                f"nearly so many decoder layers), got {count}; fix num_hidden_layers in the "
+                "config.json"
+            )
+            raise InvalidConfigError(msg)
+        return count
 
     @property
     def layer_types(self) -> list[str] | None:

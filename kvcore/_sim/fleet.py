@@ -75,8 +75,12 @@ def _router(instance: object, attribute: attrs.Attribute[Any], value: Any) -> No
 
 
 def _index_url(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and not (isinstance(value, str) and value.startswith("redis://")):
-        msg = f"--index takes redis://HOST:PORT (default: the in-process index), got {value!r}"
+    schemes = ("redis://", "rediss://", "unix://")
+    if value is not None and not (isinstance(value, str) and value.startswith(schemes)):
+        msg = (
+            "--index takes redis://[USER:PASSWORD@]HOST:PORT, rediss://... (TLS) or "
+            f"unix://PATH (default: the in-process index), got {value!r}"
+        )
         raise InvalidConfigError(msg)
 
 
@@ -94,7 +98,8 @@ class FleetOptions:
         engines: Number of engines (each with the memory of the simulation
             options).
         router: Routing policy (see :class:`~kvcore.cluster.Router`).
-        index: ``None`` for the in-process index, or ``redis://HOST:PORT``.
+        index: ``None`` for the in-process index, or a Redis URL
+            (``redis://``, ``rediss://`` for TLS, ``unix://``).
         hybrid_aware: Score each group with its own hit rule (``False``: every
             group as full attention, as type-unaware indexes do).
         balance_slack: The prefix router's load guard.

@@ -22,18 +22,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcore.cluster._backend import Backend, NotFetchedError, ReadyBatch, Snapshot
+from kvcore.cluster._backend import ApplyResult, Backend, NotFetchedError, ReadyBatch, Snapshot
 from kvcore.cluster._embedded import EmbeddedBackend
-from kvcore.cluster._errors import EventFormatError, IndexUnavailableError, MissingExtraError
+from kvcore.cluster._errors import (
+    EngineConflictError,
+    EventFormatError,
+    IndexUnavailableError,
+    InvalidEventError,
+    MissingExtraError,
+)
 from kvcore.cluster._hit_rule import EngineView, FleetLayout
 from kvcore.cluster._index import ClusterIndex, IndexStats, SubmitResult
 from kvcore.cluster._router import ROUTER_POLICIES, EngineLoad, Route, Router
 
 __all__ = [
     "ROUTER_POLICIES",
+    "ApplyResult",
     "Backend",
     "ClusterIndex",
     "EmbeddedBackend",
+    "EngineConflictError",
     "EngineLoad",
     "EngineView",
     "EventBatch",
@@ -43,6 +51,7 @@ __all__ = [
     "FleetLayout",
     "IndexStats",
     "IndexUnavailableError",
+    "InvalidEventError",
     "MissingExtraError",
     "NotFetchedError",
     "ReadyBatch",

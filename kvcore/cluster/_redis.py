@@ -5,8 +5,10 @@ Keys, under a namespace ``NS`` (default ``"kvcore"``):
 ``NS:engines``
     A set of the engine ids the index has heard of.
 ``NS:e:ENGINE:meta``
-    A hash ``{seq, ts}``: the last batch applied for the engine. Its presence
-    means the engine is alive.
+    A hash ``{seq, ts, inc, n, retired}``: the last batch applied for the
+    engine (sequence number, time, incarnation), the engine's entry count,
+    and the incarnations it has replaced. Its presence means the engine is
+    alive.
 ``NS:e:ENGINE:g:GROUP``
     A set: the block hashes the engine has cached in that group.
 ``NS:e:ENGINE:c:GROUP``
@@ -17,179 +19,119 @@ Keys, under a namespace ``NS`` (default ``"kvcore"``):
 
 Every key of an engine expires ``ttl_s`` after its last batch or heartbeat,
 so a crashed engine's entries vanish by themselves; memory is bounded by what
-the live engines cache (every field mirrors a cached block) plus one
-heartbeat period of a dead engine's. A batch is applied by one server-side
-script, atomically: it is skipped if its sequence number is not newer than
-the engine's ``seq`` (two routers feeding one Redis, or a retry after a
-dropped reply, never apply a batch twice), and the engine's keys are dropped
-first when the batch resets them (a restart, lost events) or holds an
-``AllBlocksCleared``. The script works with bulk commands (``SMISMEMBER``,
-``SADD``, ``SREM``), not one call per block. Batches are sent many per round
-trip (pipelined), and a query is one script call that returns, per live
-engine and group, a string of ``0``/``1`` flags over the request's hashes.
+the live engines cache (every field mirrors a cached block, and an engine
+holds at most its pool's worth) plus one TTL of a dead engine's.
+
+A batch is applied by one server-side script, whole or not at all: the
+script checks its arguments, the keys' types, the sequence number and
+incarnation, and the engine's entry count after the batch before its first
+write (see ``kvcore.cluster._redis_scripts``), so a refused batch, or one that Redis stops for lack
+of memory, leaves Redis as it was, and no input makes it loop or grow without
+bound. A batch whose sequence number was applied already is skipped (two
+routers feeding one Redis, or a retry after a dropped reply, never apply a
+batch twice); one from a new incarnation drops the engine's old entries
+first, one from a replaced incarnation is skipped. The script works with bulk
+commands (``SMISMEMBER``, ``SADD``, ``SREM``), not one call per block. Batches
+are sent many per round trip (pipelined), and a query is one script call that
+returns, per live engine and group, a string of ``0``/``1`` flags over the
+request's hashes.
 
 Block hashes are sent and stored as fixed-width binary fields: a SHA-256
-digest as its 32 bytes, an integer hash as 8 bytes big-endian (two's
-complement). A batch's hashes travel as one packed string per event (one
-``struct.pack`` on the client, sliced by the script), so neither side handles
-hashes one by one in Python.
+digest as its 32 bytes, an XXH3-128 digest as its 16, an integer hash as 8
+bytes big-endian (two's complement). An event's hashes travel as one packed
+string (one ``struct.pack`` on the client, sliced by the script), so neither
+side handles hashes one by one in Python.
 
 This module imports redis-py, from kvcore's ``fleet`` extra.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from kvcore.cluster._backend import CLEAR, REMOVE, STORE, NotFetchedError, ReadyBatch, Snapshot
-from kvcore.cluster._errors import InvalidConfigError, require
+from kvcore.cluster._backend import (
+    CLEAR,
+    STORE,
+    ApplyResult,
+    NotFetchedError,
+    ReadyBatch,
+    Snapshot,
+)
+from kvcore.cluster._errors import (
+    IndexUnavailableError,
+    InvalidConfigError,
+    InvalidEventError,
+    require,
+)
+from kvcore.cluster._redis_scripts import APPLY, QUERY, RESULTS
 
 __all__ = ["HEAD_BLOCKS", "RedisBackend"]
-
-# KEYS[1] = meta, then one set key per group, then one copies key per group.
-# ARGV = seq, ts, ttl_ms, reset, then per operation: op ("S", "R" or "C"),
-# group, field width, the packed fields (a clear has group 0, width 0, "").
-# A set holds the engine's cached block hashes of a group; the copies hash
-# counts the extra blocks cached with a hash already in the set (rare), so a
-# removal takes the hash out only with its last copy. Bulk commands do the
-# work (SMISMEMBER, SADD, HMGET, SREM); Lua only slices and picks.
-_APPLY = """
-local meta = KEYS[1]
-local num_groups = (#KEYS - 1) / 2
-local seq = tonumber(ARGV[1])
-local last = redis.call('HGET', meta, 'seq')
-if ARGV[4] ~= '1' and last and seq <= tonumber(last) then return 0 end
-local function clear()
-  for k = 2, #KEYS do redis.call('DEL', KEYS[k]) end
-end
-if ARGV[4] == '1' then clear() end
-local i = 5
-local n = #ARGV
-while i <= n do
-  local op = ARGV[i]
-  if op == 'C' then
-    clear()
-  else
-    local group = tonumber(ARGV[i + 1])
-    local key, copies = KEYS[group + 2], KEYS[num_groups + group + 2]
-    local width = tonumber(ARGV[i + 2])
-    local packed = ARGV[i + 3]
-    local fields = {}
-    for p = 1, #packed, width do fields[#fields + 1] = string.sub(packed, p, p + width - 1) end
-    for s = 1, #fields, 4000 do
-      local e = math.min(#fields, s + 3999)
-      if op == 'S' then
-        local present = redis.call('SMISMEMBER', key, unpack(fields, s, e))
-        redis.call('SADD', key, unpack(fields, s, e))
-        for j = 1, #present do
-          if present[j] == 1 then redis.call('HINCRBY', copies, fields[s + j - 1], 1) end
-        end
-      else
-        local extra = redis.call('HMGET', copies, unpack(fields, s, e))
-        local gone = {}
-        for j = 1, #extra do
-          local field = fields[s + j - 1]
-          if extra[j] then
-            if redis.call('HINCRBY', copies, field, -1) <= 0 then
-              redis.call('HDEL', copies, field)
-            end
-          else
-            gone[#gone + 1] = field
-          end
-        end
-        if #gone > 0 then redis.call('SREM', key, unpack(gone)) end
-      end
-    end
-  end
-  i = i + 4
-end
-redis.call('HSET', meta, 'seq', ARGV[1], 'ts', ARGV[2])
-for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ARGV[3]) end
-return 1
-"""
-
-# ARGV = namespace, number of groups, number of engines, engine ids, then per
-# group: field width, packed fields. Returns per engine: {alive (0/1), flags of
-# group 0, flags of group 1, ...}, a flag ("0"/"1") per field.
-_QUERY = """
-local ns = ARGV[1]
-local num_groups = tonumber(ARGV[2])
-local num_engines = tonumber(ARGV[3])
-local fields = {}
-for g = 0, num_groups - 1 do
-  local width = tonumber(ARGV[4 + num_engines + 2 * g])
-  local packed = ARGV[5 + num_engines + 2 * g]
-  local list = {}
-  if width > 0 then
-    for p = 1, #packed, width do list[#list + 1] = string.sub(packed, p, p + width - 1) end
-  end
-  fields[g] = list
-end
-local out = {}
-for e = 1, num_engines do
-  local base = ns .. ':e:' .. ARGV[3 + e]
-  local row = {}
-  if redis.call('EXISTS', base .. ':meta') == 1 then
-    row[1] = 1
-    for g = 0, num_groups - 1 do
-      local list = fields[g]
-      local parts = {}
-      for s = 1, #list, 4000 do
-        local e = math.min(#list, s + 3999)
-        local found = redis.call('SMISMEMBER', base .. ':g:' .. g, unpack(list, s, e))
-        parts[#parts + 1] = table.concat(found)
-      end
-      row[g + 2] = table.concat(parts)
-    end
-  else
-    row[1] = 0
-  end
-  out[e] = row
-end
-return out
-"""
 
 
 def _pack(block_hashes: Sequence[Hashable]) -> tuple[int, bytes]:
     """``(width, fields)``: the hashes as fixed-width binary fields, concatenated.
 
-    Integer hashes become 8 bytes big-endian (negative ones in two's
-    complement), digests stay as they are (all of one length).
+    Integer hashes (signed 64-bit, as the index keeps them) become 8 bytes
+    big-endian in two's complement; digests stay as they are (one width).
+
+    Raises:
+        InvalidEventError: hashes of two types or widths, an empty digest, or
+            an integer outside the signed 64-bit range.
     """
     if not block_hashes:
         return 0, b""
-    first = block_hashes[0]
-    if isinstance(first, bytes):
-        width = len(first)
+    if type(block_hashes[0]) is bytes:
+        width = len(block_hashes[0])
+        if width < 1 or set(map(type, block_hashes)) != {bytes}:
+            msg = "block hashes must be non-empty bytes of one width, or 64-bit integers"
+            raise InvalidEventError(msg)
         packed = b"".join(block_hashes)  # type: ignore[arg-type]
         if len(packed) != width * len(block_hashes):
-            msg = "block hashes of one batch must all have the same length"
-            raise ValueError(msg)
+            msg = "block hashes of one operation must all have the same length"
+            raise InvalidEventError(msg)
         return width, packed
     try:
         return 8, struct.pack(f">{len(block_hashes)}q", *block_hashes)
     except struct.error:
-        return 8, b"".join((h & _MASK64).to_bytes(8, "big") for h in block_hashes)  # type: ignore[operator]
+        msg = "integer block hashes must be within the signed 64-bit range"
+        raise InvalidEventError(msg) from None
 
-
-_MASK64 = (1 << 64) - 1
 
 #: Blocks per group fetched for every engine by a query's first round trip.
 HEAD_BLOCKS = 64
+
+_NAMESPACE = re.compile(r"[!-9;-~]{1,100}")
+
+
+def _redacted(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for messages)."""
+    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 class RedisBackend:
     """Keeps the cluster index in Redis (see the module documentation for the keys).
 
     Args:
-        url: ``redis://HOST:PORT[/DB]``.
+        url: ``redis://[USER:PASSWORD@]HOST:PORT[/DB]``, ``rediss://...`` for
+            TLS (the server's certificate is checked against the system's
+            authorities, or the file in the URL's ``ssl_ca_certs=`` query
+            argument), or ``unix://PATH``. Query arguments are redis-py's
+            connection options.
         num_groups: KV cache groups of the fleet's layout.
         namespace: Key prefix; routers of one fleet share it, fleets use
-            different ones.
+            different ones (1-100 printable ASCII characters, no ``:`` nor
+            space). A Redis user limited to ``~NAMESPACE:*`` keys can run
+            the index.
         ttl_s: Seconds an engine's keys live after its last batch or heartbeat.
         socket_timeout_s: Seconds to wait for Redis before calling it down.
+
+    Every Redis failure (connection, timeout, TLS, authentication, an error
+    answer such as out of memory or no permission) raises
+    :class:`~kvcore.cluster.IndexUnavailableError` with Redis's reason; the
+    connection is made at the first call.
 
     Raises:
         MissingExtraError: redis-py is not installed.
@@ -217,8 +159,11 @@ class RedisBackend:
         if not ttl_s > 0:
             msg = f"ttl_s must be > 0 seconds, got {ttl_s!r}"
             raise InvalidConfigError(msg)
-        if not namespace or ":" in namespace:
-            msg = f"namespace must be a non-empty string without ':', got {namespace!r}"
+        if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+            msg = (
+                "namespace must be 1-100 printable ASCII characters without ':' or spaces, "
+                f"got {namespace!r}"
+            )
             raise InvalidConfigError(msg)
         self.url = url
         self.num_groups = num_groups
@@ -231,12 +176,12 @@ class RedisBackend:
                 socket_connect_timeout=socket_timeout_s,
                 retry_on_timeout=False,
             )
-        except ValueError as exc:
-            msg = f"the Redis index URL {url!r} is not valid: {exc}"
+        except (ValueError, TypeError) as exc:
+            msg = f"the Redis index URL {_redacted(url)!r} is not valid: {exc}"
             raise InvalidConfigError(msg) from None
         self._redis = redis
-        self._apply_script = self._client.register_script(_APPLY)
-        self._query_script = self._client.register_script(_QUERY)
+        self._apply_script = self._client.register_script(APPLY)
+        self._query_script = self._client.register_script(QUERY)
         self._known: set[str] = set()
 
     def _keys(self, engine: str) -> list[str]:
@@ -248,40 +193,60 @@ class RedisBackend:
         )
 
     def _call(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, with every Redis failure as an :class:`IndexUnavailableError`."""
+        exceptions = self._redis.exceptions
         try:
             return fn(*args)
-        except self._redis.exceptions.ConnectionError as exc:
-            raise ConnectionError(str(exc)) from exc
-        except self._redis.exceptions.TimeoutError as exc:
-            raise ConnectionError(f"timed out: {exc}") from exc
+        except (exceptions.ConnectionError, exceptions.TimeoutError) as exc:
+            msg = (
+                f"the cluster index's redis backend is unreachable at {_redacted(self.url)}: {exc}"
+            )
+            raise IndexUnavailableError(msg) from exc
+        except exceptions.RedisError as exc:
+            msg = (
+                f"the cluster index's redis backend refused the command "
+                f"({type(exc).__name__}): {exc}"
+            )
+            raise IndexUnavailableError(msg) from exc
 
-    def apply(self, batches: Sequence[ReadyBatch]) -> list[bool]:
-        """Apply batches in order in one pipeline; ``False`` for those already applied."""
+    def apply(self, batches: Sequence[ReadyBatch]) -> list[str]:
+        """Apply batches in order in one pipeline, each by one script call, whole or not at all."""
         if not batches:
             return []
-        applied: list[bool] = self._call(self._apply_pipelined, batches)
-        return applied
+        codes: list[Any] = self._call(self._apply_pipelined, batches)
+        return [RESULTS.get(code, ApplyResult.INVALID) for code in codes]
 
-    def _apply_pipelined(self, batches: Sequence[ReadyBatch]) -> list[bool]:
+    def _script_args(self, batch: ReadyBatch) -> list[Any]:
+        fields = sum(len(hashes) for _, _, hashes in batch.ops)
+        max_blocks = -1 if batch.max_blocks is None else batch.max_blocks
+        args: list[Any] = [
+            batch.seq,
+            repr(batch.ts),
+            self.ttl_ms,
+            1 if batch.reset else 0,
+            batch.incarnation,
+            max_blocks,
+            fields,
+        ]
+        for op, group, block_hashes in batch.ops:
+            if op == CLEAR:
+                args += (b"C", 0, 0, b"")
+            elif block_hashes:
+                width, packed = _pack(block_hashes)
+                args += (b"S" if op == STORE else b"R", group, width, packed)
+        return args
+
+    def _apply_pipelined(self, batches: Sequence[ReadyBatch]) -> list[Any]:
+        calls = [(self._keys(batch.engine), self._script_args(batch)) for batch in batches]
         pipe = self._client.pipeline(transaction=False)
         new = {b.engine for b in batches} - self._known
         if new:
             pipe.sadd(f"{self.namespace}:engines", *sorted(new))
-        codes = {STORE: b"S", REMOVE: b"R"}
-        for batch in batches:
-            args: list[Any] = [batch.seq, repr(batch.ts), self.ttl_ms, 1 if batch.reset else 0]
-            for op, group, block_hashes in batch.ops:
-                if op == CLEAR:
-                    args += (b"C", 0, 0, b"")
-                elif group < self.num_groups and block_hashes:
-                    width, packed = _pack(block_hashes)
-                    args += (codes[op], group, width, packed)
-            self._apply_script(keys=self._keys(batch.engine), args=args, client=pipe)
+        for keys, args in calls:
+            self._apply_script(keys=keys, args=args, client=pipe)
         results = pipe.execute()
         self._known |= new
-        if new:
-            results = results[1:]
-        return [bool(r) for r in results]
+        return list(results[1:] if new else results)
 
     def forget(self, engine: str) -> None:
         """Delete the engine's keys and its entry in the engine set."""
@@ -311,12 +276,16 @@ class RedisBackend:
 
     def engines(self) -> list[str]:
         """Engines whose keys have not expired."""
-        members = self._call(self._client.smembers, f"{self.namespace}:engines")
-        return [
-            member
-            for member in sorted(m.decode() for m in members)
-            if self._call(self._client.exists, f"{self.namespace}:e:{member}:meta")
-        ]
+
+        def run() -> list[str]:
+            members = sorted(m.decode() for m in self._client.smembers(f"{self.namespace}:engines"))
+            pipe = self._client.pipeline(transaction=False)
+            for member in members:
+                pipe.exists(f"{self.namespace}:e:{member}:meta")
+            return [m for m, alive in zip(members, pipe.execute(), strict=True) if alive]
+
+        found: list[str] = self._call(run)
+        return found
 
     def snapshot(
         self, engines: Sequence[str], group_hashes: Sequence[Sequence[Hashable]]
@@ -380,12 +349,22 @@ class RedisBackend:
         return [list(row[1:]) if row[0] else None for row in rows]
 
     def cached_blocks(self, engine: str) -> int:
-        """Block entries held for ``engine`` (copies counted), all groups."""
+        """Block entries held for ``engine`` (copies counted), all groups, from its sets."""
         keys = self._keys(engine)
         sets, copies = keys[1 : 1 + self.num_groups], keys[1 + self.num_groups :]
-        total: int = sum(self._call(self._client.scard, key) for key in sets)
-        for key in copies:
-            total += sum(int(v) for v in self._call(self._client.hvals, key))
+
+        def run() -> int:
+            pipe = self._client.pipeline(transaction=False)
+            for key in sets:
+                pipe.scard(key)
+            for key in copies:
+                pipe.hvals(key)
+            results = pipe.execute()
+            counts = results[: len(sets)]
+            extra = results[len(sets) :]
+            return int(sum(counts)) + sum(int(v) for values in extra for v in values)
+
+        total: int = self._call(run)
         return total
 
     def last_seq(self, engine: str) -> int | None:

@@ -46,8 +46,12 @@ def config(specs: Sequence[kvcore.specs.KVCacheSpec], num_blocks: int = 40) -> k
     return kvcore.KVCacheConfig.from_specs(num_blocks, list(specs))
 
 
-def layout(specs: Sequence[kvcore.specs.KVCacheSpec], num_blocks: int = 40) -> FleetLayout:
-    return FleetLayout(config=config(specs, num_blocks), registry=REGISTRY, hash_algorithm="fast")
+def layout(
+    specs: Sequence[kvcore.specs.KVCacheSpec], num_blocks: int = 40, hash_algorithm: str = "fast"
+) -> FleetLayout:
+    return FleetLayout(
+        config=config(specs, num_blocks), registry=REGISTRY, hash_algorithm=hash_algorithm
+    )
 
 
 def manager(

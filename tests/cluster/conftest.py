@@ -4,7 +4,10 @@ import os
 import uuid
 
 import pytest
+from clusterhelpers import layout
 from redis_server import RedisServer, redis_server_binary
+
+from kvcore.cluster import ClusterIndex, EmbeddedBackend
 
 #: Set by .ci/run to the redis-server it started on loopback.
 URL_ENV = "KVCORE_REDIS_URL"
@@ -42,3 +45,33 @@ def redis_server(tmp_path):
 @pytest.fixture
 def namespace() -> str:
     return f"test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(params=["embedded", "redis"])
+def make_index(request):
+    """Indexes on the in-process backend and on a real Redis (one namespace per index).
+
+    ``make(specs, num_blocks=40, hash_algorithm="fast", **index_options)``:
+    ``num_blocks`` is the layout's pool size, the default bound of an
+    engine's entries.
+    """
+    made = []
+
+    def make(specs, num_blocks=40, hash_algorithm="fast", **kwargs):
+        lay = layout(specs, num_blocks, hash_algorithm)
+        if request.param == "embedded":
+            index = ClusterIndex(lay, EmbeddedBackend(), **kwargs)
+        else:
+            from kvcore.cluster import RedisBackend
+
+            server = request.getfixturevalue("redis_session")
+            namespace = f"test-{uuid.uuid4().hex[:10]}"
+            groups = len(lay.config.kv_cache_groups)
+            backend = RedisBackend(server.url, groups, namespace=namespace)
+            index = ClusterIndex(lay, backend, **kwargs)
+        made.append(index)
+        return index
+
+    yield make
+    for index in made:
+        index.close()

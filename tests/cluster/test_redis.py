@@ -47,17 +47,32 @@ def test_entries_mirror_the_engine_pool_so_memory_is_bounded(redis_session, name
 
 
 def test_an_engines_keys_expire_with_it(redis_session, namespace, redis_index):
-    index = redis_index(redis_session.url, namespace, ttl_s=0.3)
-    engine = Engine("a", SPECS)
-    admit(engine.manager, kvcore.Request("r", list(range(16))))
-    index.submit("a", *engine.publish())
-    index.flush()
-    assert index.backend.engines() == ["a"]
-    assert index.cached_blocks("a") == 8
-    time.sleep(0.6)  # no batch, no heartbeat: the engine is gone
-    assert index.backend.engines() == []
-    assert index.backend.cached_blocks("a") == 0
-    assert index.backend.last_seq("a") is None
+    import redis
+
+    # The expiry each key gets is checked on a long TTL (nothing can expire
+    # while the test looks, however loaded the machine); that they vanish, on
+    # a short one, by polling up to a deadline.
+    client = redis.Redis.from_url(redis_session.url)
+    for ttl_s in (30.0, 0.3):
+        index = redis_index(redis_session.url, f"{namespace}-{ttl_s:g}", ttl_s=ttl_s)
+        engine = Engine("a", SPECS)
+        admit(engine.manager, kvcore.Request("r", list(range(16))))
+        index.submit("a", *engine.publish())
+        index.flush()
+        keys = list(client.scan_iter(match=f"{index.backend.namespace}:e:a:*"))
+        assert len(keys) == 3  # meta and both groups' sets (no copies: none is cached twice)
+        if ttl_s == 30.0:
+            assert index.backend.engines() == ["a"]
+            assert index.cached_blocks("a") == 8
+            assert all(0 < client.pttl(key) <= 30_000 for key in keys)
+            continue
+        deadline = time.monotonic() + 10
+        while index.backend.engines() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert index.backend.engines() == []
+        assert index.backend.cached_blocks("a") == 0
+        assert index.backend.last_seq("a") is None
+    client.close()
 
 
 def test_two_routers_feeding_one_redis_apply_each_batch_once(redis_session, namespace, redis_index):

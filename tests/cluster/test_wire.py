@@ -9,7 +9,7 @@ import pytest
 
 import kvcore
 from kvcore.cluster import EventBatch, EventFormatError, decode_batch, encode_batch
-from kvcore.cluster._wire import merge_removals
+from kvcore.cluster._wire import merge_removals, split_events
 
 # Recorded once with vLLM 0.14's own classes (benchmarks/vllm_event_wire.py --write).
 VLLM_BATCH = Path(__file__).parent / "data" / "vllm-0.14-batch.msgpack"
@@ -94,3 +94,48 @@ def test_runs_of_removals_merge_in_order():
         stored,
         r(block_hashes=[4, 5]),
     ]
+
+
+def test_a_step_too_big_for_one_batch_is_cut_in_order():
+    r, s = kvcore.events.BlockRemoved, kvcore.events.BlockStored
+    step = [
+        r(block_hashes=[7, 8, 9]),
+        kvcore.events.AllBlocksCleared(),
+        s(block_hashes=range(5), parent_block_hash=None, token_ids=range(10), block_size=2),
+    ]
+    # At most 2 hashes (and 2 events) a run; a cut store keeps its chain:
+    # each part's parent is the last hash before it, its tokens its blocks'.
+    assert split_events(step, 2) == [
+        [r(block_hashes=[7, 8])],
+        [r(block_hashes=[9]), kvcore.events.AllBlocksCleared()],
+        [s(block_hashes=[0, 1], parent_block_hash=None, token_ids=[0, 1, 2, 3], block_size=2)],
+        [s(block_hashes=[2, 3], parent_block_hash=1, token_ids=[4, 5, 6, 7], block_size=2)],
+        [s(block_hashes=[4], parent_block_hash=3, token_ids=[8, 9], block_size=2)],
+    ]
+    assert split_events([], 2) == [[]]
+    assert split_events(step, 100) == [step]
+
+
+class Vllm014Batch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """vLLM 0.14's ``EventBatch``, field for field (vllm/distributed/kv_events.py)."""
+
+    ts: float
+    events: list
+    data_parallel_rank: int | None = None
+
+
+def test_kvcores_extension_field_is_skipped_by_vllm_and_read_by_kvcore():
+    batch = EventBatch(1.0, events(1, "mamba"), 3, incarnation="abc", num_blocks=64)
+    payload = encode_batch(batch)
+    assert msgspec.msgpack.decode(payload)[3] == {"incarnation": "abc", "num_blocks": 64}
+    theirs = msgspec.msgpack.Decoder(Vllm014Batch).decode(payload)
+    assert (theirs.ts, theirs.data_parallel_rank, len(theirs.events)) == (1.0, 3, 4)
+    assert decode_batch(payload) == batch
+    # Without a rank, nil takes its place; another producer's fourth element is ignored.
+    assert msgspec.msgpack.decode(encode_batch(EventBatch(1.0, [], incarnation="x")))[2:] == [
+        None,
+        {"incarnation": "x"},
+    ]
+    assert decode_batch(msgspec.msgpack.encode([1.0, [], None, 7])) == EventBatch(1.0, [])
+    with pytest.raises(EventFormatError, match="num_blocks must be an integer"):
+        decode_batch(msgspec.msgpack.encode([1.0, [], None, {"num_blocks": "many"}]))

@@ -44,12 +44,15 @@ def test_messages_are_topic_sequence_payload_frames(publisher):
     raw.setsockopt(zmq.SUBSCRIBE, b"kv@e0")
     raw.connect(publisher.endpoint)
     try:
+        # A PUB socket drops messages until the subscription has reached it:
+        # publish until one arrives, and fail (not hang) if none does.
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
+        arrived = False
+        while not arrived and time.monotonic() < deadline:
             seq = publisher.publish(EventBatch(1.0, [stored(seq_hint := 1)]))
-            if raw.poll(50):
-                break
-        topic, seq_frame, payload = raw.recv_multipart()
+            arrived = bool(raw.poll(50))
+        assert arrived, "no message reached the SUB socket within 5 s"
+        topic, seq_frame, payload = raw.recv_multipart(zmq.NOBLOCK)
         assert topic == b"kv@e0"
         assert seq_frame == seq.to_bytes(8, "big")
         assert kvcore.cluster.decode_batch(payload).events == [stored(seq_hint)]
@@ -126,3 +129,27 @@ def test_garbage_payloads_are_counted_and_skipped(publisher):
         assert subscriber.bad_payloads == 1
     finally:
         subscriber.close()
+
+
+def test_a_step_of_more_hashes_than_a_batch_takes_goes_out_as_several():
+    big = kvcore.events.BlockStored(
+        block_hashes=range(20_000), parent_block_hash=None, token_ids=[], block_size=4
+    )
+    index = ClusterIndex(layout([full()], num_blocks=30_000))
+    with EventPublisher(ENDPOINT, ENDPOINT) as publisher:
+        subscriber = EventSubscriber("e0", publisher.endpoint, publisher.replay_endpoint)
+        try:
+            first = publisher.next_seq
+            assert publisher.publish(EventBatch(1.0, [big])) == first + 1  # 16,384 + 3,616
+            # Until the subscription reaches the PUB socket its messages are
+            # dropped: empty batches after it make the gap seen, and replayed.
+            deadline = time.monotonic() + 10
+            while index.cached_blocks("e0") < 20_000:
+                assert time.monotonic() < deadline, "the batches never arrived"
+                publisher.publish(EventBatch(2.0, []))
+                subscriber.pump(index, timeout_ms=50)
+            assert index.cached_blocks("e0") == 20_000
+            assert index.stats.rejected == 0
+            assert subscriber.replayed >= 2 or subscriber.received >= 2
+        finally:
+            subscriber.close()
