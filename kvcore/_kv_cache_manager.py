@@ -124,12 +124,18 @@ class KVCacheBlocks:
 class PrefixCacheStats:
     """Prefix-cache lookups since the last :meth:`KVCacheManager.make_prefix_cache_stats`.
 
+    A lookup is counted in one of two sets, as the reference engine does:
+    that of requests never preempted (``requests``, ``queries``, ``hits``,
+    which :attr:`hit_rate` reads), or that of requests resumed after a
+    preemption (``preempted_*``), whose lookups find their own blocks again
+    and would otherwise inflate the hit rate.
+
     Attributes:
-        requests: Lookups made.
-        queries: Prompt tokens looked up.
-        hits: Tokens found in the cache.
+        requests: Lookups of requests never preempted.
+        queries: Tokens those lookups covered.
+        hits: Tokens those lookups found in the cache.
         preempted_requests: Lookups of requests resumed after a preemption.
-        preempted_queries: Prompt tokens those lookups covered.
+        preempted_queries: Tokens those lookups covered.
         preempted_hits: Tokens those lookups found.
         reset: ``reset_prefix_cache`` succeeded in the interval.
     """
@@ -144,7 +150,7 @@ class PrefixCacheStats:
 
     @property
     def hit_rate(self) -> float:
-        """``hits / queries`` (0.0 with no queries)."""
+        """``hits / queries`` over requests never preempted (0.0 with no queries)."""
         return self.hits / self.queries if self.queries else 0.0
 
 
@@ -298,13 +304,14 @@ class KVCacheManager:
         )
         stats = self.prefix_cache_stats
         if stats is not None:
-            stats.requests += 1
-            stats.queries += request.num_tokens
-            stats.hits += num_hit_tokens
             if request.num_preemptions:
                 stats.preempted_requests += 1
                 stats.preempted_queries += request.num_tokens
                 stats.preempted_hits += num_hit_tokens
+            else:
+                stats.requests += 1
+                stats.queries += request.num_tokens
+                stats.hits += num_hit_tokens
         if not any(hits):
             return self.empty_kv_cache_blocks, num_hit_tokens
         return KVCacheBlocks(hits), num_hit_tokens
