@@ -783,18 +783,24 @@ class KVCacheManager:
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Free the request's blocks that fell out of every windowed type's window.
 
-        A request that holds no blocks is ignored.
+        ``total_computed_tokens`` may be the request's token count even where
+        that is one more than it has slots for: vLLM's scheduler passes
+        ``request.num_tokens`` when a finished request is handed to a KV
+        connector, and the last sampled token never got a slot. A request
+        that holds no blocks is ignored.
 
         Raises:
             InvalidRequestError: ``total_computed_tokens`` is not an integer >=
-                0, or is more than the tokens the request has slots for (it
-                would free blocks the request still reads).
+                0, or is more than both the tokens the request has slots for
+                and its token count (it would free blocks the request still
+                reads).
         """
         if total_computed_tokens.__class__ is not int or total_computed_tokens < 0:
             total_computed_tokens = checked_count("total_computed_tokens", total_computed_tokens)
-        if request_id not in self._requests:
+        request = self._requests.get(request_id)
+        if request is None:
             return
-        if self._decoder_groups:
+        if self._decoder_groups and total_computed_tokens > request.num_tokens:
             self._check_slots(request_id, total_computed_tokens, "total_computed_tokens")
         if self._has_windowed_groups:
             self._run(self.coordinator.remove_skipped_blocks, request_id, total_computed_tokens)
