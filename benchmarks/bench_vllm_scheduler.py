@@ -50,7 +50,9 @@ def setup_for(lockstep: Any, args: argparse.Namespace) -> Any:
     )
 
 
-def timed_step(lockstep: Any, scheduler: Any, setup: Any, step: int) -> tuple[float, dict[str, Any]]:
+def timed_step(
+    lockstep: Any, scheduler: Any, setup: Any, step: int
+) -> tuple[float, dict[str, Any]]:
     start = time.perf_counter()
     output = scheduler.schedule()
     scheduled = time.perf_counter()
@@ -64,7 +66,11 @@ def timed_step(lockstep: Any, scheduler: Any, setup: Any, step: int) -> tuple[fl
 
 
 def replay(
-    lockstep: Any, schedulers: list[Any], requests: list[Any], setup: Any, on_step: Callable[..., Any]
+    lockstep: Any,
+    schedulers: list[Any],
+    requests: list[Any],
+    setup: Any,
+    on_step: Callable[..., Any],
 ) -> tuple[list[list[float]], int]:
     """Step the schedulers together; per scheduler, the time of every step."""
     times: list[list[float]] = [[] for _ in schedulers]
@@ -145,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"  stock vLLM   total {stock:8.2f} s   median step {medians[0]:8.1f} us")
     print(f"  kvcore       total {ours:8.2f} s   median step {medians[1]:8.1f} us")
-    print(f"  ratio kvcore / stock: total {ours / stock:.2f}x, median step "
-          f"{medians[1] / medians[0]:.2f}x")
+    print(
+        f"  ratio kvcore / stock: total {ours / stock:.2f}x, median step "
+        f"{medians[1] / medians[0]:.2f}x"
+    )
     print("  " + mirror_cost(lockstep, KVCoreScheduler, requests, setup))
     print_load()
     return 0

@@ -24,7 +24,7 @@ import vLLM; :class:`KVCoreScheduler`, :class:`KVCoreKVCacheManager` and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvcore.integrations.vllm._convert import kv_cache_config_from_vllm, kv_cache_spec_from_vllm
 from kvcore.integrations.vllm._version import (
@@ -33,16 +33,13 @@ from kvcore.integrations.vllm._version import (
     check_vllm_version,
 )
 
-if TYPE_CHECKING:
-    from kvcore.integrations.vllm._manager import KVCoreKVCacheManager, vllm_event
-    from kvcore.integrations.vllm._scheduler import KVCoreScheduler
-
+#: The names importable without vLLM. ``KVCoreScheduler``,
+#: ``KVCoreKVCacheManager`` and ``vllm_event`` are public too, but their
+#: modules import vLLM: they are loaded on first access (after the version
+#: check) and so left out of ``__all__``, which tools may import without vLLM.
 __all__ = [
-    "KVCoreScheduler",
-    "KVCoreKVCacheManager",
     "kv_cache_config_from_vllm",
     "kv_cache_spec_from_vllm",
-    "vllm_event",
     "SUPPORTED_VLLM",
     "UnsupportedVLLMError",
     "check_vllm_version",
@@ -70,4 +67,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return sorted([*__all__, *_LAZY])

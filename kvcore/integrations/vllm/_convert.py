@@ -81,7 +81,9 @@ def _spec_classes(registry: Registry) -> dict[str, type[KVCacheSpec]]:
     return {layer_type.spec.kind: layer_type.spec for layer_type in registry.layer_types}
 
 
-def _build(classes: Mapping[str, type[KVCacheSpec]], kind: str, fields: dict[str, Any]) -> Any:
+def _build(
+    classes: Mapping[str, type[KVCacheSpec]], kind: str, fields: dict[str, Any]
+) -> KVCacheSpec:
     cls = classes.get(kind)
     if cls is None:
         msg = (
@@ -135,7 +137,9 @@ def kv_cache_spec_from_vllm(
     return _convert(spec, classes, enable_caching)
 
 
-def _convert(spec: Any, classes: Mapping[str, type[KVCacheSpec]], enable_caching: bool) -> Any:
+def _convert(
+    spec: Any, classes: Mapping[str, type[KVCacheSpec]], enable_caching: bool
+) -> KVCacheSpec:
     name = _vllm_class_name(spec)
     if name == "MambaSpec":
         return _build(classes, "mamba", _mamba(spec, enable_caching))
@@ -154,7 +158,9 @@ def _convert(spec: Any, classes: Mapping[str, type[KVCacheSpec]], enable_caching
     return _build(classes, kind, converted)
 
 
-def _local_compute_spec(spec: Any, classes: Mapping[str, type[KVCacheSpec]]) -> Any:
+def _local_compute_spec(
+    spec: Any, classes: Mapping[str, type[KVCacheSpec]]
+) -> KVCacheSpec | None:
     fields = _attention(spec)
     if spec.sliding_window is not None:
         return _build(classes, "sliding_window", {**fields, "sliding_window": spec.sliding_window})

@@ -69,7 +69,7 @@ class VLLMKVCacheBlocks(KVCacheBlocks):
 
 
 def vllm_prefix_cache_stats(stats: PrefixCacheStats) -> Any:
-    """vLLM's ``PrefixCacheStats`` with the counts of kvcore's (the same meanings)."""
+    """VLLM's ``PrefixCacheStats`` with the counts of kvcore's (the same meanings)."""
     return VLLMPrefixCacheStats(
         reset=stats.reset,
         requests=stats.requests,
@@ -211,7 +211,7 @@ class KVCoreKVCacheManager:
         return None if stats is None else vllm_prefix_cache_stats(stats)
 
     def make_prefix_cache_stats(self) -> Any:
-        """vLLM's ``PrefixCacheStats`` since the last call (``None`` with ``log_stats`` off)."""
+        """VLLM's ``PrefixCacheStats`` since the last call (``None`` with ``log_stats`` off)."""
         stats = self.manager.make_prefix_cache_stats()
         return None if stats is None else vllm_prefix_cache_stats(stats)
 

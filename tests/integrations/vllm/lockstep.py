@@ -81,17 +81,25 @@ def output_token(request_id: str, position: int) -> int:
 
 
 def full_spec(block_size: int) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=16, dtype=torch.float16)
+    return FullAttentionSpec(
+        block_size=block_size, num_kv_heads=2, head_size=16, dtype=torch.float16
+    )
 
 
 def window_spec(block_size: int, window: int) -> SlidingWindowSpec:
     return SlidingWindowSpec(
-        block_size=block_size, num_kv_heads=2, head_size=16, dtype=torch.float16, sliding_window=window
+        block_size=block_size,
+        num_kv_heads=2,
+        head_size=16,
+        dtype=torch.float16,
+        sliding_window=window,
     )
 
 
 def mamba_spec(block_size: int) -> MambaSpec:
-    return MambaSpec(block_size=block_size, shapes=((4, 64), (2, 16, 16)), dtypes=(torch.float16,) * 2)
+    return MambaSpec(
+        block_size=block_size, shapes=((4, 64), (2, 16, 16)), dtypes=(torch.float16,) * 2
+    )
 
 
 def kv_cache_config(num_blocks: int, specs: Sequence[KVCacheSpec]) -> KVCacheConfig:
@@ -187,9 +195,7 @@ def step_record(output: SchedulerOutput, scheduler: Scheduler) -> dict[str, Any]
     stats = scheduler.make_stats()
     prefix = stats.prefix_cache_stats if stats is not None else None
     return {
-        "new": [
-            (r.req_id, r.block_ids, r.num_computed_tokens) for r in output.scheduled_new_reqs
-        ],
+        "new": [(r.req_id, r.block_ids, r.num_computed_tokens) for r in output.scheduled_new_reqs],
         "cached": list(
             zip(
                 cached.req_ids,

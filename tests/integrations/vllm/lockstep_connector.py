@@ -29,7 +29,9 @@ class LockstepConnector(KVConnectorBase_V1, SupportsHMA):
         #: (request id, external tokens, block ids) for every allocation reported.
         self.allocations: list[tuple[str, int, tuple[list[int], ...]]] = []
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int, bool]:
         if int(request.request_id) % 3:
             return 0, False
         full_blocks = (request.num_tokens - 1) // self.block_size
@@ -57,7 +59,9 @@ class LockstepConnector(KVConnectorBase_V1, SupportsHMA):
     def wait_for_layer_load(self, layer_name: str) -> None:
         raise NotImplementedError
 
-    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+    ) -> None:
         raise NotImplementedError
 
     def wait_for_save(self) -> None:

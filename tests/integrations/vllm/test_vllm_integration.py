@@ -96,9 +96,11 @@ def test_specs_kvcore_cannot_serve_are_refused_naming_the_group():
             vkv.KVCacheGroupSpec(["b"], encoder_only),
         ],
     )
-    with pytest.raises(InvalidSpecError, match=r"kv_cache_groups\[1\]: vLLM EncoderOnlyAttentionSpec"):
+    with pytest.raises(
+        InvalidSpecError, match=r"kv_cache_groups\[1\]: vLLM EncoderOnlyAttentionSpec"
+    ):
         integration.kv_cache_config_from_vllm(config)
-    with pytest.raises(InvalidSpecError, match="is not a spec of vllm.v1.kv_cache_interface"):
+    with pytest.raises(InvalidSpecError, match=r"is not a spec of vllm\.v1\.kv_cache_interface"):
         integration.kv_cache_spec_from_vllm(kvcore.KVCacheConfig)
     with pytest.raises(kvcore.errors.UnknownSpecError, match="'mamba' attention type"):
         integration.kv_cache_spec_from_vllm(
@@ -117,7 +119,7 @@ def test_the_configuration_line_loads_the_scheduler():
 
 def test_unsupported_versions_are_refused():
     assert integration.check_vllm_version("0.14.1") == "0.14.1"
-    with pytest.raises(integration.UnsupportedVLLMError, match="vLLM 0.15.0 is installed"):
+    with pytest.raises(integration.UnsupportedVLLMError, match=r"vLLM 0\.15\.0 is installed"):
         integration.check_vllm_version("0.15.0")
 
 

@@ -121,9 +121,11 @@ def test_every_scheduler_test_passing_on_vllm_passes_on_kvcore(outcomes):
         if failure(kvcore[name]) is not None
     }
     assert not broken
-    print(f"\nvLLM 0.14.0 test_scheduler.py: {len(passing)} pass on stock vLLM, "
-          f"{len(passing) - len(EXCLUDED)} of them compared and passing on kvcore, "
-          f"{len(EXCLUDED)} excluded, {len(stock) - len(passing)} fail on stock here")
+    print(
+        f"\nvLLM 0.14.0 test_scheduler.py: {len(passing)} pass on stock vLLM, "
+        f"{len(passing) - len(EXCLUDED)} of them compared and passing on kvcore, "
+        f"{len(EXCLUDED)} excluded, {len(stock) - len(passing)} fail on stock here"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(EXCLUDED))
