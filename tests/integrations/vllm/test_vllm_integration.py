@@ -204,3 +204,52 @@ def test_unserved_settings_are_refused():
         integration.KVCoreKVCacheManager(
             lockstep.kv_cache_config(20, setup.specs), 4096, 16, hash_algorithm="md5"
         )
+
+
+def test_a_hit_with_external_tokens_never_hands_one_block_to_two_groups():
+    """kvcore's documented difference, on the case vLLM 0.14 gets wrong.
+
+    Full attention + a window of 8, block 4, 12 usable blocks. Request "1"
+    (16 tokens: 4 blocks a group) and then "3" (8 other tokens: 2 a group)
+    are admitted and freed, so the free queue is 1's full-attention blocks
+    tail first, 1's window blocks tail first, then 3's. Request "2" (1's 16
+    tokens + 8) hits 16 tokens and loads 4 more from a connector. vLLM adopts
+    group by group: the full-attention group touches its hit, then takes the
+    block for the external tokens from the head of the queue, which is 1's
+    last window block, the one block of the window group's hit it keeps (the
+    window at 20 tokens skips 3 blocks); the window group then adopts that
+    block too. kvcore takes every group's hit first, so the external block is
+    one no group hits.
+    """
+    specs = (lockstep.full_spec(4), lockstep.window_spec(4, 8))
+    setup = lockstep.Setup(specs=specs, num_blocks=13)
+    config = lockstep.kv_cache_config(setup.num_blocks, setup.specs)
+    options = {"hash_block_size": 4, "enable_caching": True}
+    managers = {
+        "vllm": VLLMKVCacheManager(config, 64, **options),
+        "kvcore": integration.KVCoreKVCacheManager(config, 64, **options),
+    }
+    tables = {}
+    for name, manager in managers.items():
+        first = lockstep.vllm_request(lockstep.TraceRequest("1", tuple(range(16)), 4), 4)
+        other = lockstep.vllm_request(lockstep.TraceRequest("3", tuple(range(100, 108)), 4), 4)
+        for request in (first, other):
+            admit(manager, request)
+        for request in (first, other):
+            request.status = RequestStatus.FINISHED_STOPPED
+            manager.free(request)
+        second = lockstep.vllm_request(lockstep.TraceRequest("2", tuple(range(24)), 4), 4)
+        hit, num_hit = manager.get_computed_blocks(second)
+        assert num_hit == 16
+        blocks = manager.allocate_slots(second, 4, num_hit, hit, num_external_computed_tokens=4)
+        assert blocks is not None
+        tables[name] = manager.get_block_ids("2")
+    (v_full, v_window), (k_full, k_window) = tables["vllm"], tables["kvcore"]
+    hit_full, external = v_full[:4], v_full[4]
+    # vLLM: the external block is the window group's last hit block, held twice.
+    assert external == v_window[3] != 0
+    # kvcore: the same hits in both groups, the external block hit by no group.
+    assert k_full[:4] == hit_full
+    assert k_window[:4] == v_window[:4]
+    assert k_full[4] not in k_window and k_full[4] not in hit_full
+    assert len(k_full) == len(v_full) and len(k_window) == len(v_window)
