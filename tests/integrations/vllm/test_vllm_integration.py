@@ -251,5 +251,7 @@ def test_a_hit_with_external_tokens_never_hands_one_block_to_two_groups():
     # kvcore: the same hits in both groups, the external block hit by no group.
     assert k_full[:4] == hit_full
     assert k_window[:4] == v_window[:4]
-    assert k_full[4] not in k_window and k_full[4] not in hit_full
-    assert len(k_full) == len(v_full) and len(k_window) == len(v_window)
+    assert k_full[4] not in k_window
+    assert k_full[4] not in hit_full
+    assert len(k_full) == len(v_full)
+    assert len(k_window) == len(v_window)
