@@ -11,8 +11,8 @@ __all__ = ["SUPPORTED_VLLM", "UnsupportedVLLMError", "check_vllm_version"]
 
 #: The vLLM releases served: 0.14.x. The integration subclasses vLLM's
 #: scheduler and stands in for its ``KVCacheManager``, neither of which is a
-#: public interface: 0.15 changed what the scheduler asks of the manager (it
-#: calls ``new_step_starts`` and other methods 0.14's manager lacks), so each
+#: public interface: later releases change what the scheduler asks of the
+#: manager (they call ``new_step_starts``, which 0.14's manager lacks), so each
 #: minor release needs its own check.
 SUPPORTED_VLLM = (0, 14)
 
