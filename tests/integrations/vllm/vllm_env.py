@@ -25,8 +25,8 @@ def require_vllm() -> None:
             import vllm.v1.core.sched.scheduler  # noqa: F401
     except (ImportError, UnsupportedVLLMError) as exc:
         reason = (
-            f"vLLM 0.14 is not importable ({exc}); make its environment as the README's "
-            "'Use kvcore in vLLM' section says"
+            f"vLLM 0.14 is not importable ({exc}); make vLLM's environment as the README's "
+            "Benchmarks section says"
         )
         if os.environ.get("KVCORE_REQUIRE_VLLM") == "1":
             pytest.fail(f"{reason} (KVCORE_REQUIRE_VLLM=1: vLLM must be present)", pytrace=False)
