@@ -255,3 +255,22 @@ def test_a_hit_with_external_tokens_never_hands_one_block_to_two_groups():
     assert k_full[4] not in hit_full
     assert len(k_full) == len(v_full)
     assert len(k_window) == len(v_window)
+
+
+def test_eagle_on_one_group_hits_one_block_more_on_a_block_aligned_prompt():
+    """kvcore's other documented difference, worked by hand (block 16).
+
+    "1" (40 tokens) caches two blocks (tokens 0-31). "2" is those 32 tokens:
+    vLLM 0.14 looks up at most 31 tokens (one block) and EAGLE drops it: no
+    hit. kvcore looks one block past the limit (two blocks) and drops one:
+    16 tokens. A prompt that is not block-aligned hits the same on both.
+    """
+    setup = lockstep.Setup(specs=(lockstep.full_spec(16),), num_blocks=20)
+    ours, theirs = make_manager(setup, use_eagle=True)
+    hits = {}
+    for name, manager in (("kvcore", ours), ("vllm", theirs)):
+        admit(manager, trace_request("1", list(range(40))))
+        aligned = manager.get_computed_blocks(trace_request("2", list(range(32))))[1]
+        unaligned = manager.get_computed_blocks(trace_request("3", list(range(33))))[1]
+        hits[name] = (aligned, unaligned)
+    assert hits == {"vllm": (0, 16), "kvcore": (16, 16)}
