@@ -25,7 +25,13 @@ from kvcore import managers as managers
 from kvcore import planning as planning
 from kvcore import registry as registry
 from kvcore import specs as specs
-from kvcore._config import KVCacheConfig, KVCacheGroupSpec, KVCacheLayout, KVCacheTensor
+from kvcore._config import (
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheLayout,
+    KVCacheTensor,
+    PagePool,
+)
 from kvcore._eviction.registry import available_eviction_policies
 from kvcore._kv_cache_manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
 from kvcore._planning.allocate import KVCacheBuffers, allocate_kv_cache
@@ -51,6 +57,7 @@ __all__ = [
     "KVCacheGroupSpec",
     "KVCacheTensor",
     "KVCacheLayout",
+    "PagePool",
     # planning one (the rest: kvcore.planning)
     "plan",
     "KVCachePlan",

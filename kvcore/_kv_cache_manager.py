@@ -130,12 +130,18 @@ class KVCacheBlocks:
 class PrefixCacheStats:
     """Prefix-cache lookups since the last :meth:`KVCacheManager.make_prefix_cache_stats`.
 
+    A lookup is counted in one of two sets, as the reference engine does:
+    that of requests never preempted (``requests``, ``queries``, ``hits``,
+    which :attr:`hit_rate` reads), or that of requests resumed after a
+    preemption (``preempted_*``), whose lookups find their own blocks again
+    and would otherwise inflate the hit rate.
+
     Attributes:
-        requests: Lookups made.
-        queries: Prompt tokens looked up.
-        hits: Tokens found in the cache.
+        requests: Lookups of requests never preempted.
+        queries: Tokens those lookups covered.
+        hits: Tokens those lookups found in the cache.
         preempted_requests: Lookups of requests resumed after a preemption.
-        preempted_queries: Prompt tokens those lookups covered.
+        preempted_queries: Tokens those lookups covered.
         preempted_hits: Tokens those lookups found.
         reset: ``reset_prefix_cache`` succeeded in the interval.
     """
@@ -149,18 +155,23 @@ class PrefixCacheStats:
     reset: bool = False
 
     def count(self, request: Request, num_hit_tokens: int) -> None:
-        """Count one lookup of ``request`` that found ``num_hit_tokens`` cached tokens."""
-        self.requests += 1
-        self.queries += request.num_tokens
-        self.hits += num_hit_tokens
+        """Count one lookup of ``request`` that found ``num_hit_tokens`` cached tokens.
+
+        A resumed request's lookup counts only in the ``preempted_*`` fields
+        (as vLLM 0.14's statistics count it), a fresh one only in the others.
+        """
         if request.num_preemptions:
             self.preempted_requests += 1
             self.preempted_queries += request.num_tokens
             self.preempted_hits += num_hit_tokens
+        else:
+            self.requests += 1
+            self.queries += request.num_tokens
+            self.hits += num_hit_tokens
 
     @property
     def hit_rate(self) -> float:
-        """``hits / queries`` (0.0 with no queries)."""
+        """``hits / queries`` over requests never preempted (0.0 with no queries)."""
         return self.hits / self.queries if self.queries else 0.0
 
 
@@ -709,19 +720,24 @@ class KVCacheManager:
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Free the request's blocks that fell out of every windowed type's window.
 
-        A request that holds no blocks is ignored.
+        ``total_computed_tokens`` may be the request's token count even where
+        that is one more than it has slots for: vLLM's scheduler passes
+        ``request.num_tokens`` when a finished request is handed to a KV
+        connector, and the last sampled token never got a slot. A request
+        that holds no blocks is ignored.
 
         Raises:
             InvalidRequestError: ``total_computed_tokens`` is not an integer >=
-                0, or is more than the tokens the request has slots for (it
-                would free blocks the request still reads).
+                0, or is more than both the tokens the request has slots for
+                and its token count (it would free blocks the request still
+                reads).
             ConcurrentUseError: another thread is inside this manager.
         """
         total_computed_tokens = checked_count("total_computed_tokens", total_computed_tokens)
         request = self._requests.get(request_id)
         if request is None:
             return
-        if self.coordinator.decoder_groups:
+        if self.coordinator.decoder_groups and total_computed_tokens > request.num_tokens:
             self._check_slots(request_id, total_computed_tokens, "total_computed_tokens")
         if not self.coordinator.windowed:
             return

@@ -44,7 +44,13 @@ def test_every_error_class_is_on_the_errors_page():
 
     for module in pkgutil.walk_packages(kvcore.__path__, "kvcore."):
         if not module.name.endswith("__main__"):
-            importlib.import_module(module.name)
+            try:
+                importlib.import_module(module.name)
+            except ModuleNotFoundError as exc:
+                # An integration's modules import their engine, which may be
+                # absent; its errors are defined where the engine is not needed.
+                if not (module.name.startswith("kvcore.integrations.") and exc.name == "vllm"):
+                    raise
     classes, stack = set(), [KVCoreError]
     while stack:
         cls = stack.pop()

@@ -394,6 +394,31 @@ def test_remove_skipped_blocks_with_an_absurd_count_is_refused(hybrid):
     hybrid.remove_skipped_blocks("nobody", 12)  # a request holding no blocks: nothing to free
 
 
+def test_remove_skipped_blocks_takes_the_token_count_vllm_passes_at_finish(hybrid):
+    """vLLM 0.14 passes ``request.num_tokens`` when a finished request meets a connector.
+
+    12 prompt tokens (block 4: 3 blocks per group, 12 slots), then the sampled
+    token 13, which has no slot. Window 4 at 13 computed tokens: tokens 0-9
+    are skipped (13 - 4 + 1), so blocks 0 and 1; Mamba keeps only the state
+    after the last token: 12 skipped, blocks 0-2. Full attention keeps all.
+    """
+    request = Request("a", list(range(12)))
+    admit(hybrid, request)
+    request.num_computed_tokens = 12
+    request.append_output_token_ids(99)
+    full_table, sw_table, mamba_table = hybrid.get_block_ids("a")
+    hybrid.remove_skipped_blocks("a", 13)
+    assert hybrid.get_block_ids("a") == (full_table, [NULL, NULL, sw_table[2]], [NULL] * 3)
+    check_manager_invariants(hybrid)
+    # Past both the slots and the tokens it is still refused.
+    refused(
+        hybrid,
+        InvalidRequestError,
+        r"total_computed_tokens=14 is more than the 12 tokens request 'a' has slots for",
+        lambda: hybrid.remove_skipped_blocks("a", 14),
+    )
+
+
 def test_cache_blocks_past_the_requests_tokens_is_a_request_error(manager):
     """It raised InvalidConfigError ("missing hashes") after caching nothing."""
     request = Request("a", list(range(12)))

@@ -102,6 +102,11 @@ ALLOWED = {
 }
 
 
+#: Files that translate another engine's attention types into kvcore's kinds and
+#: so must spell both (kvcore's classes are still found through the registry).
+TRANSLATORS = {"kvcore/integrations/vllm/_convert.py"}
+
+
 def test_the_core_names_no_attention_type_outside_docstrings():
     words = attention_type_words()
     # Type names spelt with spaces or hyphens count too ("full attention", "sliding-window").
@@ -114,6 +119,8 @@ def test_the_core_names_no_attention_type_outside_docstrings():
             normal = re.sub(r"[\s\-]+", "_", text.lower())
             match = pattern.search(normal)
             relative = str(path.relative_to(REPO))
+            if relative in TRANSLATORS:
+                continue
             if any(relative == f and name in normal for f, name in ALLOWED):
                 continue
             if match:

@@ -313,7 +313,11 @@ class Engine(RuleBasedStateMachine):
             calls += [
                 lambda: manager.allocate_slots(running, 1, 4, hit),
                 lambda: manager.allocate_slots(twin, 1),
-                lambda: manager.remove_skipped_blocks(running.request_id, slots + 1),
+                # One past the slots is accepted when the request has that many
+                # tokens (vLLM passes it at a finish); past both is refused.
+                lambda: manager.remove_skipped_blocks(
+                    running.request_id, max(slots, running.num_tokens) + 1
+                ),
             ]
         if self.waiting:
             waiting = self.waiting[0]

@@ -1,8 +1,9 @@
 """Integrations of kvcore with inference engines and model libraries (optional extras).
 
-Each subpackage needs its library installed: :mod:`kvcore.integrations.transformers`
-needs ``pip install 'kvcore[transformers]'``. They use only kvcore's
-engine-facing API and the helpers of :mod:`kvcore.paging`.
+Each subpackage imports its library only when it is used and needs it
+installed: :mod:`kvcore.integrations.transformers` needs ``pip install
+'kvcore[transformers]'``, :mod:`kvcore.integrations.vllm` vLLM 0.14. They use
+only kvcore's engine-facing API and the helpers of :mod:`kvcore.paging`.
 """
 
 from __future__ import annotations
