@@ -27,10 +27,11 @@ that a plugin manager failed half-way through.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Hashable, Sequence
-from itertools import compress
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from itertools import chain, compress
+from operator import length_hint
 from types import TracebackType
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 
 from kvcore._blocks import MAX_NUM_BLOCKS, NULL_BLOCK, UndoLog
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -113,14 +114,16 @@ class _Journaled(Protocol):
 class Transaction:
     """A ``with`` block whose pool changes are kept on success and undone on error.
 
-    Made by :meth:`BlockPool.transaction`. Entered while another transaction
-    of the same pool runs, it joins that one (the outer block decides).
+    Made by :meth:`BlockPool.transaction` (``pool`` is the block pool whose
+    changes it keeps or undoes). Entered while another transaction of the
+    same pool runs, it joins that one (the outer block decides).
     """
 
     __slots__ = ("_owner", "_pool")
 
-    def __init__(self, pool: _Journaled) -> None:
-        self._pool = pool
+    def __init__(self, pool: object) -> None:
+        # Typed loosely for the docs: both kinds of block pool qualify.
+        self._pool = cast(_Journaled, pool)
         self._owner = False
 
     def __enter__(self) -> Transaction:
@@ -449,6 +452,29 @@ class BlockPool:
         :meth:`_uncache`, which hands the hash to the oldest of them.
         """
         hash_of = self._hash
+        old_hashes = list(map(hash_of.__getitem__, blocks))
+        if old_hashes.count(None) == len(old_hashes):
+            return
+        if any(self._dups):
+            self._evict_among_copies(blocks)
+            return
+        # No hash has copies: every hashed block is the entry of its map.
+        group_of = self._group
+        maps = self._cached
+        events = self.enable_kv_cache_events
+        for block, block_hash in zip(blocks, old_hashes, strict=True):
+            if block_hash is not None:
+                group = group_of[block]
+                del maps[group][block_hash]
+                hash_of[block] = None
+                if events:
+                    self._append_event(BlockRemoved(block_hashes=(block_hash,), group_idx=group))
+        if self._journal is not None:
+            self._journal.append((self._undo_evict, (blocks, old_hashes)))
+
+    def _evict_among_copies(self, blocks: Sequence[int]) -> None:
+        """:meth:`_evict` while some hash has copies: each block is checked for them."""
+        hash_of = self._hash
         group_of = self._group
         maps = self._cached
         dups = self._dups
@@ -473,10 +499,14 @@ class BlockPool:
             # last under its hash in its group), so they are restored first.
             self._journal.append((self._undo_evict, (evicted, evicted_hashes)))
 
-    def _undo_evict(self, blocks: list[int], block_hashes: list[Hashable]) -> None:
+    def _undo_evict(self, blocks: Sequence[int], block_hashes: Sequence[Hashable | None]) -> None:
+        hash_of = self._hash
+        group_of = self._group
+        maps = self._cached
         for block, block_hash in zip(blocks, block_hashes, strict=True):
-            self._hash[block] = block_hash
-            self._cached[self._group[block]][block_hash] = block
+            if block_hash is not None:
+                hash_of[block] = block_hash
+                maps[group_of[block]][block_hash] = block
 
     def reserve_blocks(self, num_blocks: int) -> list[int]:
         """Take ``num_blocks`` blocks out of circulation for the pool's lifetime.
@@ -522,26 +552,47 @@ class BlockPool:
         Returns the blocks that became free, in queue order.
         """
         ref = self._ref
-        released: list[int] = []
-        for position, block in enumerate(blocks):
-            if block:
-                count = ref[block] - 1
-                if count < 0:
-                    self._unrelease(blocks[:position], 0)
-                    msg = (
-                        f"block {block} was freed more often than it was allocated "
-                        "(its reference count is already 0)"
-                    )
-                    raise DoubleFreeError(msg)
-                ref[block] = count
-                if not count:
-                    released.append(block)
+        remaining = iter(blocks)
+        # The common case first: blocks only this caller holds (count 1) go
+        # to 0 with one test each; the first other one (shared, null, a
+        # second free) hands the rest to the general walk.
+        for block in remaining:
+            if ref[block] != 1:
+                released = list(blocks[: len(blocks) - 1 - length_hint(remaining)])
+                self._release_rest(blocks, block, remaining, released)
+                break
+            ref[block] = 0
+        else:
+            # Callers pass a list of their own; it is read, never changed, later.
+            released = blocks if isinstance(blocks, list) else list(blocks)
         if self._journal is not None:
             self._journal.append((self._unrelease, (blocks, len(released))))
         if released:
             self._num_free += len(released)
             self._queue.release(released)
         return released
+
+    def _release_rest(
+        self, blocks: Sequence[int], first: int, remaining: Iterator[int], released: list[int]
+    ) -> None:
+        """Drop a count on ``first`` and ``remaining``, appending the blocks reaching 0."""
+        ref = self._ref
+        append = released.append
+        for block in chain((first,), remaining):
+            if block:
+                count = ref[block] - 1
+                ref[block] = count
+                if not count:
+                    append(block)
+                elif count < 0:
+                    # The entries walked so far, this one included, are undone.
+                    walked = len(blocks) - length_hint(remaining)
+                    self._unrelease(blocks[:walked], 0)
+                    msg = (
+                        f"block {block} was freed more often than it was allocated "
+                        "(its reference count is already 0)"
+                    )
+                    raise DoubleFreeError(msg)
 
     def _unrelease(self, blocks: Sequence[int], num_released: int) -> None:
         ref = self._ref

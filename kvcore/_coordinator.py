@@ -18,7 +18,6 @@ from kvcore._hits import HitRule, hash_and_alignment, make_hit_rule
 from kvcore._registry import Registry
 from kvcore._request import Request
 from kvcore._two_level_pool import TwoLevelBlockPool
-from kvcore._utils import round_down
 from kvcore.errors import InvalidCacheHitError
 from kvcore.eviction import EvictionPolicyFactory, GroupInfo
 from kvcore.managers import SingleTypeManager
@@ -179,10 +178,12 @@ class KVCacheCoordinator:
     ) -> Hits:
         """Grow every group's table to ``num_tokens`` slots (encoder groups: encoder tokens)."""
         return tuple(
-            m.allocate_new_blocks(
-                request_id, num_encoder_tokens if m.allocates_for_encoder else num_tokens
-            )
-            for m in self.managers
+            [
+                m.allocate_new_blocks(
+                    request_id, num_encoder_tokens if m.allocates_for_encoder else num_tokens
+                )
+                for m in self.managers
+            ]
         )
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -192,7 +193,7 @@ class KVCacheCoordinator:
         hit, so caching them would only pin map entries. With EAGLE, lookups
         match one block past a candidate, so one more block is cached.
         """
-        aligned = round_down(num_computed_tokens, self.alignment_tokens)
+        aligned = num_computed_tokens - num_computed_tokens % self.alignment_tokens
         for manager in self.cacheable:
             limit = aligned
             if self.use_eagle and aligned:
@@ -211,7 +212,7 @@ class KVCacheCoordinator:
 
     def steady_until(self, request_id: str, num_computed_tokens: int) -> int:
         """The most tokens a running request can need before any group changes anything."""
-        return min(m.steady_until(request_id, num_computed_tokens) for m in self.managers)
+        return min([m.steady_until(request_id, num_computed_tokens) for m in self.managers])
 
     def new_step_starts(self) -> None:
         """Tell every group's manager that a scheduling step begins."""

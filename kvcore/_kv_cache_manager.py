@@ -60,7 +60,6 @@ from kvcore.eviction import EvictionPolicyFactory
 
 __all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats", "checked_count"]
 
-_INT = {int}
 
 # A token count no request reaches: hashing never has work with caching off.
 _NO_LIMIT = 2**62
@@ -541,7 +540,15 @@ class KVCacheManager:
 
         ``counts``: new, hit, lookahead, external and encoder tokens.
         """
-        if {*map(type, counts)} != _INT or min(counts) < 0:
+        new, hit, lookahead, external, encoder = counts
+        if not (
+            new.__class__ is int
+            and hit.__class__ is int
+            and lookahead.__class__ is int
+            and external.__class__ is int
+            and encoder.__class__ is int
+            and min(counts) >= 0
+        ):
             names = (
                 "num_new_tokens",
                 "num_new_computed_tokens",

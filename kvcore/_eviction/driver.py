@@ -58,8 +58,8 @@ class PolicyDriver:
         return blocks
 
     def release(self, blocks: Sequence[int]) -> None:
-        """The policy learns that ``blocks`` became free."""
-        self.policy.release(blocks)
+        """The policy learns that ``blocks`` became free (a list of its own to keep)."""
+        self.policy.release(list(blocks))
         if self._journal is not None and not self._exact:
             self._journal.append((self._revive_each, (blocks[::-1],)))
 
