@@ -221,9 +221,8 @@ class KVCacheConfig:
             ``num_blocks`` blocks (the reference's design). Otherwise the
             two-level pool every group's pages are carved from.
 
-    Raises:
-        InvalidConfigError: a bad block count or layout, or a page pool whose
-            classes do not match the groups.
+    Building one raises :class:`~kvcore.errors.InvalidConfigError` on a bad block
+    count or layout, or on a page pool whose classes do not match the groups.
     """
 
     num_blocks: int = attrs.field(validator=_check_num_blocks)

@@ -66,7 +66,7 @@ def test_attrs_fields_are_listed_once(built_docs: BuiltDocs):
     headings = [dt.get_text(strip=True).rstrip(":") for dt in fields.find_all("dt")]
     assert headings == ["Variables"]
     text = fields.get_text(" ", strip=True)
-    assert text.count("num_blocks") == 1
+    assert text.count("num_blocks ( int )") == 1
     assert "KVCacheGroupSpec" in text
     assert "kvcore._config" not in text
 
