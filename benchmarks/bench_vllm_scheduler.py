@@ -31,7 +31,8 @@ from typing import Any
 from _common import CONVERSATION_TRACE, REPO, positive_int, print_load
 from _record import Recorder, percent, ratio, span, table
 
-sys.path.insert(0, str(REPO / "tests" / "integrations" / "vllm"))
+#: The tests' lockstep driver (vLLM's requests from the trace, the model's outputs).
+LOCKSTEP = REPO / "tests" / "integrations" / "vllm"
 
 CONFIGS = ("full", "sliding_window", "mamba", "eagle")
 RECORD = "bench-vllm-scheduler"
@@ -240,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(args.config)) != len(args.config):
         parser.error(f"argument --config: a setup named twice: {' '.join(args.config)}")
     recorder = Recorder(RECORD, enabled=args.record)
+    if str(LOCKSTEP) not in sys.path:
+        sys.path.insert(0, str(LOCKSTEP))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import lockstep
