@@ -221,7 +221,7 @@ def record(recorder: Recorder, results: list[dict[str, Any]]) -> None:
     recorder.figure("mirror-share", span(min(shares) * 100, max(shares) * 100, "{:.1f}", " %"))
     recorder.tables["setups"] = table(
         "kvcore / stock, per setup",
-        ["--config", "steps", "preemptions", "total", "median step", "mirror share"], rows,
+        ["setup", "steps", "preemptions", "total", "median step", "mirror share"], rows,
     )
 
 
