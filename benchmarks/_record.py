@@ -150,9 +150,11 @@ class Recorder:
     (``--record``), so an exploratory run never overwrites the docs' figures.
     """
 
-    def __init__(self, name: str, *, enabled: bool) -> None:
+    def __init__(self, name: str, *, enabled: bool, command: str | None = None) -> None:
+        """``command``: what the record says ran (default: this process's command line)."""
         self.name = name
         self.enabled = enabled
+        self.command = command
         self.figures: dict[str, str] = {}
         self.tables: dict[str, dict[str, Any]] = {}
         self.outputs: dict[str, str] = {}
@@ -178,7 +180,7 @@ class Recorder:
             return None
         outputs = {key: text.strip("\n") for key, text in self.outputs.items()}
         return write_record(self.name, figures=self.figures, tables=self.tables,
-                            outputs=outputs, data=self.data or None)
+                            outputs=outputs, data=self.data or None, command=self.command)
 
 
 class _Tee(io.TextIOBase):

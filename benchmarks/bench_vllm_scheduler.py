@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from _common import CONVERSATION_TRACE, REPO, positive_int, print_load
-from _record import Recorder, percent, ratio, span, table
+from _record import Recorder, command_line, percent, ratio, span, table
 
 #: The tests' lockstep driver (vLLM's requests from the trace, the model's outputs).
 LOCKSTEP = REPO / "tests" / "integrations" / "vllm"
@@ -240,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if len(set(args.config)) != len(args.config):
         parser.error(f"argument --config: a setup named twice: {' '.join(args.config)}")
-    recorder = Recorder(RECORD, enabled=args.record)
+    # main(argv) from a test records argv, not the test runner's command line.
+    ran = command_line([__file__, *(sys.argv[1:] if argv is None else argv)])
+    recorder = Recorder(RECORD, enabled=args.record, command=ran)
     if str(LOCKSTEP) not in sys.path:
         sys.path.insert(0, str(LOCKSTEP))
     with warnings.catch_warnings():

@@ -54,7 +54,7 @@ from typing import Any
 import attrs
 import redis
 from _common import positive_int, print_load
-from _record import Recorder, span, table
+from _record import Recorder, command_line, span, table
 
 import kvcore
 from kvcore.cluster import (
@@ -516,7 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Refusals are the point here: the index's warnings about them are not news.
     logging.getLogger("kvcore.cluster").setLevel(logging.ERROR)
-    recorder = Recorder(RECORD, enabled=args.record)
+    # main(argv) from a test records argv, not the test runner's command line.
+    ran = command_line([__file__, *(sys.argv[1:] if argv is None else argv)])
+    recorder = Recorder(RECORD, enabled=args.record, command=ran)
     process = None
     url = args.redis
     if url is None:
