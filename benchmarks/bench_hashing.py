@@ -12,7 +12,9 @@ arrives:
 - vLLM 0.14: its request block hasher with ``sha256`` (pickle + SHA-256),
   ``sha256_cbor`` (CBOR + SHA-256) and ``xxhash`` (pickle + XXH3-128).
 
-Figures: ns per block, median (min–max) of interleaved, order-rotated rounds.
+Figures: ns per block, median (min–max) of interleaved, order-rotated rounds,
+and each candidate's speed relative to kvcore's ``sha256``. With ``--record``
+the table and those ratios go to ``benchmarks/results/bench-hashing.json``.
 
 Run::
 
@@ -37,6 +39,7 @@ from _common import (
     print_load,
     vllm_hash_available,
 )
+from _record import Recorder, ratio
 
 import kvcore
 from kvcore._hashing import BlockHasher
@@ -104,7 +107,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median)")
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument(
+        "--record", action="store_true", help="write benchmarks/results/bench-hashing.json"
+    )
     args = parser.parse_args(argv)
+    recorder = Recorder("bench-hashing", enabled=args.record)
+    with recorder.section("table"):
+        ok = _run(args, recorder)
+    if ok:
+        recorder.write()
+    return 0 if ok else 1
+
+
+def _run(args: argparse.Namespace, recorder: Recorder) -> bool:
+    """Print the table and record each ratio to kvcore's sha256; False on a wrong count."""
     vllm = None if args.no_vllm else import_vllm()
     bs = args.block_size
     print(
@@ -141,11 +157,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, (samples, count) in measured.items():
             if count != blocks:
                 print(f"ERROR: {name} produced {count} hashes for {blocks} blocks")
-                return 1
+                return False
             spread = Spread([s / hashed for s in samples])
             relative = reference / (spread.median * hashed)
             print(f"    {name:<22}{spread.fmt(1e9):>24} ns   {relative:5.2f}x kvcore sha256")
-    return 0
+            slug = name.split(" (")[0].replace(" ", "-")
+            recorder.figure(f"vs-sha256.{num_tokens}.{slug}", ratio(relative))
+    return True
 
 
 if __name__ == "__main__":

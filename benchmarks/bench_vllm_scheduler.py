@@ -32,7 +32,7 @@ from _common import CONVERSATION_TRACE, REPO, positive_int, print_load
 from _record import Recorder, command_line, percent, ratio, span, table
 
 #: The tests' lockstep driver (vLLM's requests from the trace, the model's outputs).
-LOCKSTEP = REPO / "tests" / "integrations" / "vllm"
+LOCKSTEP = REPO / "tests" / "integrations" / "in_vllm"
 
 CONFIGS = ("full", "sliding_window", "mamba", "eagle")
 RECORD = "bench-vllm-scheduler"

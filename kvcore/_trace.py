@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import attrs
 
@@ -199,6 +199,7 @@ def _is_int(value: object) -> bool:
 
 
 def _parse_record(record: object, line_no: int) -> TraceRequest:
+    """The request of one JSON line; the fields are checked in the order documented."""
     if not isinstance(record, dict):
         msg = "expected a JSON object"
         raise _BadLineError(msg)
@@ -210,6 +211,14 @@ def _parse_record(record: object, line_no: int) -> TraceRequest:
     if not has_hashes and not has_tokens:
         msg = "missing field 'hash_ids' (Mooncake format) or 'prompt_token_ids'"
         raise _BadLineError(msg)
+    common = _common_fields(record, line_no)
+    if has_hashes:
+        return _hashes_request(record, **common)
+    return _tokens_request(record, **common)
+
+
+def _common_fields(record: dict[str, Any], line_no: int) -> dict[str, Any]:
+    """``request_id``, ``arrival_ms`` and ``output_length``, checked, as keyword arguments."""
     if "output_length" not in record:
         msg = "missing field 'output_length'"
         raise _BadLineError(msg)
@@ -225,56 +234,55 @@ def _parse_record(record: object, line_no: int) -> TraceRequest:
     if not isinstance(request_id, str | int) or isinstance(request_id, bool):
         msg = f"request_id must be a string or an integer, got {request_id!r}"
         raise _BadLineError(msg)
-    if has_hashes:
-        if "input_length" not in record:
-            msg = "missing field 'input_length'"
-            raise _BadLineError(msg)
-        input_length = record["input_length"]
-        hash_ids = record["hash_ids"]
-        if not _is_int(input_length) or input_length <= 0:
-            msg = f"input_length must be a positive integer, got {input_length!r}"
-            raise _BadLineError(msg)
-        if not isinstance(hash_ids, list) or not all(_is_int(h) and h >= 0 for h in hash_ids):
-            msg = "hash_ids must be a list of integers >= 0"
-            raise _BadLineError(msg)
-        largest = max(hash_ids, default=0)
-        if largest > _MAX_HASH_ID:
-            msg = (
-                f"hash id {largest} is too large: its token ids pass 2**63 - 1; hash ids "
-                f"must be below {_MAX_HASH_ID + 1}"
-            )
-            raise _BadLineError(msg)
-        covered = len(hash_ids) * MOONCAKE_BLOCK_TOKENS
-        if covered < input_length:
-            msg = (
-                f"{len(hash_ids)} hash_ids cover {covered} tokens, fewer than "
-                f"input_length={input_length}"
-            )
-            raise _BadLineError(msg)
-        needed = -(-input_length // MOONCAKE_BLOCK_TOKENS)
-        return TraceRequest(
-            request_id=str(request_id),
-            arrival_ms=float(timestamp),
-            input_length=input_length,
-            output_length=output_length,
-            hash_ids=tuple(hash_ids[:needed]),
+    return {
+        "request_id": str(request_id),
+        "arrival_ms": float(timestamp),
+        "output_length": output_length,
+    }
+
+
+def _hashes_request(record: dict[str, Any], **common: Any) -> TraceRequest:
+    """A Mooncake line: ``input_length`` tokens described by one hash id a block."""
+    if "input_length" not in record:
+        msg = "missing field 'input_length'"
+        raise _BadLineError(msg)
+    input_length = record["input_length"]
+    hash_ids = record["hash_ids"]
+    if not _is_int(input_length) or input_length <= 0:
+        msg = f"input_length must be a positive integer, got {input_length!r}"
+        raise _BadLineError(msg)
+    if not isinstance(hash_ids, list) or not all(_is_int(h) and h >= 0 for h in hash_ids):
+        msg = "hash_ids must be a list of integers >= 0"
+        raise _BadLineError(msg)
+    largest = max(hash_ids, default=0)
+    if largest > _MAX_HASH_ID:
+        msg = (
+            f"hash id {largest} is too large: its token ids pass 2**63 - 1; hash ids "
+            f"must be below {_MAX_HASH_ID + 1}"
         )
+        raise _BadLineError(msg)
+    covered = len(hash_ids) * MOONCAKE_BLOCK_TOKENS
+    if covered < input_length:
+        msg = (
+            f"{len(hash_ids)} hash_ids cover {covered} tokens, fewer than "
+            f"input_length={input_length}"
+        )
+        raise _BadLineError(msg)
+    needed = -(-input_length // MOONCAKE_BLOCK_TOKENS)
+    return TraceRequest(input_length=input_length, hash_ids=tuple(hash_ids[:needed]), **common)
+
+
+def _is_token_id(value: object) -> bool:
+    return _is_int(value) and 0 <= value <= _MAX_TOKEN_ID  # type: ignore[operator]
+
+
+def _tokens_request(record: dict[str, Any], **common: Any) -> TraceRequest:
+    """A line of token ids (``prompt_token_ids``; ``input_length``, if given, must match)."""
     token_ids = record["prompt_token_ids"]
-    if (
-        not isinstance(token_ids, list)
-        or not token_ids
-        or not all(_is_int(t) and 0 <= t <= _MAX_TOKEN_ID for t in token_ids)
-    ):
+    if not isinstance(token_ids, list) or not token_ids or not all(map(_is_token_id, token_ids)):
         msg = "prompt_token_ids must be a non-empty list of integers in 0..2**63 - 1"
         if isinstance(token_ids, list):
-            bad = next(
-                (
-                    i
-                    for i, t in enumerate(token_ids)
-                    if not (_is_int(t) and 0 <= t <= _MAX_TOKEN_ID)
-                ),
-                None,
-            )
+            bad = next((i for i, t in enumerate(token_ids) if not _is_token_id(t)), None)
             if bad is not None:
                 msg += f" (position {bad} is {token_ids[bad]!r})"
         raise _BadLineError(msg)
@@ -282,13 +290,7 @@ def _parse_record(record: object, line_no: int) -> TraceRequest:
     if input_length != len(token_ids):
         msg = f"input_length={input_length!r} but prompt_token_ids has {len(token_ids)} ids"
         raise _BadLineError(msg)
-    return TraceRequest(
-        request_id=str(request_id),
-        arrival_ms=float(timestamp),
-        input_length=len(token_ids),
-        output_length=output_length,
-        token_ids=tuple(token_ids),
-    )
+    return TraceRequest(input_length=len(token_ids), token_ids=tuple(token_ids), **common)
 
 
 def _json_record(text: str) -> object:
