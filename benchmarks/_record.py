@@ -112,12 +112,14 @@ def write_record(
     data: Any = None,
     command: str | None = None,
     provenance: Mapping[str, str] | None = None,
-    results: Path = RESULTS,
+    results: Path | None = None,
 ) -> Path:
     """Write ``results/NAME.json`` (see the module docstring); return its path.
 
     ``provenance`` overrides ``date``, ``load`` and ``commit`` for figures this
     run did not measure itself (cached results measured by an earlier run).
+    ``results`` defaults to :data:`RESULTS`, read when the record is written
+    (a test points it at a folder of its own).
     """
     end_load = machine_load()
     loads = [*_START_LOAD, end_load] if _START_LOAD else [end_load]
@@ -132,8 +134,9 @@ def write_record(
         "outputs": dict(outputs),
         "data": data,
     }
-    results.mkdir(parents=True, exist_ok=True)
-    path = results / f"{name}.json"
+    folder = RESULTS if results is None else results
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
     path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
     print(f"[record: {os.path.relpath(path, REPO)}]")
     return path
@@ -147,9 +150,11 @@ class Recorder:
     (``--record``), so an exploratory run never overwrites the docs' figures.
     """
 
-    def __init__(self, name: str, *, enabled: bool) -> None:
+    def __init__(self, name: str, *, enabled: bool, command: str | None = None) -> None:
+        """``command``: what the record says ran (default: this process's command line)."""
         self.name = name
         self.enabled = enabled
+        self.command = command
         self.figures: dict[str, str] = {}
         self.tables: dict[str, dict[str, Any]] = {}
         self.outputs: dict[str, str] = {}
@@ -175,7 +180,7 @@ class Recorder:
             return None
         outputs = {key: text.strip("\n") for key, text in self.outputs.items()}
         return write_record(self.name, figures=self.figures, tables=self.tables,
-                            outputs=outputs, data=self.data or None)
+                            outputs=outputs, data=self.data or None, command=self.command)
 
 
 class _Tee(io.TextIOBase):

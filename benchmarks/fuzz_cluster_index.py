@@ -20,7 +20,13 @@ resyncs and silences past the heartbeat timeout. Counts:
   integer and with SHA-256 hashes.
 
     nice -n 19 python benchmarks/fuzz_cluster_index.py --batches 250000 --seed 1
-        [--redis redis://HOST:PORT] [--json results.json]
+        [--hash {fast,sha256,xxh3_128} ...] [--largest-rounds 4]
+        [--redis redis://HOST:PORT] [--json results.json] [--record]
+
+One fuzz run per ``--hash`` (seeds ``--seed``, ``--seed`` + 1, ...), then
+``--largest-rounds`` rounds of the largest batches; ``--record`` writes
+``benchmarks/results/fuzz-cluster-index.json``. The exit status is 1 if any
+run crashed or diverged.
 
 Without ``--redis`` a redis-server is started on a free loopback port (its
 slow log is set to record calls from 100 µs). The run stops at the first
@@ -47,6 +53,8 @@ from typing import Any
 
 import attrs
 import redis
+from _common import positive_int, print_load
+from _record import Recorder, command_line, span, table
 
 import kvcore
 from kvcore.cluster import (
@@ -66,6 +74,8 @@ from kvcore_plugins.sliding_window import SlidingWindowSpec
 ENGINES = ("a", "b", "c")
 POOL = 12
 KINDS = ("full_attention", "sliding_window")
+HASHES = ("fast", "sha256", "xxh3_128")
+RECORD = "fuzz-cluster-index"
 ODD_VALUES = (-1, 2**63, 2**64 - 1, 2**64, -(2**63) - 1, b"12345678", b"", 1.5, 2, 10**7, None)
 
 
@@ -379,10 +389,15 @@ def largest_batches(url: str) -> dict[str, float]:
     return out
 
 
-def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
-    layout = make_layout(args.hash)
-    rng = random.Random(args.seed)
-    digest = {"fast": None, "sha256": 32, "xxh3_128": 16}[args.hash]
+#: The two largest batches timed, as keys of the record's figures (see :func:`record`).
+LARGEST = {"stores into empty entries": "stores", "removals +": "removals-and-stores"}
+
+
+def run(args: argparse.Namespace, url: str, seed: int, hash_algorithm: str) -> dict[str, Any]:
+    """Fuzz ``args.batches`` batches of ``hash_algorithm`` hashes from ``seed``; the counts."""
+    layout = make_layout(hash_algorithm)
+    rng = random.Random(seed)
+    digest = {"fast": None, "sha256": 32, "xxh3_128": 16}[hash_algorithm]
     pair = Pair(layout, url)
     slowlog = SlowLog(
         url, pair.redis_backend._apply_script.sha, pair.redis_backend._query_script.sha
@@ -428,8 +443,8 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         slowlog.close()
     return {
         **counts,
-        "seed": args.seed,
-        "hash": args.hash,
+        "seed": seed,
+        "hash": hash_algorithm,
         "wall_s": round(time.monotonic() - started, 1),
         "longest_apply_ms": slowlog.longest["apply"] / 1000,
         "longest_query_ms": slowlog.longest["query"] / 1000,
@@ -438,45 +453,99 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=1_000_000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--hash", choices=("fast", "sha256", "xxh3_128"), default="fast")
-    parser.add_argument("--redis", metavar="URL")
-    parser.add_argument("--check-every", type=int, default=10, metavar="STEPS")
-    parser.add_argument("--fresh-every", type=int, default=5_000, metavar="STEPS")
-    parser.add_argument("--stop", action="store_true", help="stop at the first problem")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    args = parser.parse_args()
-    # Refusals are the point here: the index's warnings about them are not news.
-    logging.getLogger("kvcore.cluster").setLevel(logging.ERROR)
-    process = None
-    url = args.redis
-    if url is None:
-        url, process = start_redis()
-    try:
-        result = run(args, url)
-        result["largest_batches_ms"] = largest_batches(url)
-    finally:
-        if process is not None:
-            process.kill()
-            process.wait()
-    for report in result["first_reports"]:
-        print(report, file=sys.stderr)
-    print(
+def summary(result: dict[str, Any]) -> str:
+    """One fuzz run's counts and longest Redis calls, as printed."""
+    return (
         f"{result['batches']:,} batches ({result['hash']} hashes, seed {result['seed']}) in "
         f"{result['wall_s']:,.0f} s: {result['crashes']} crashes, {result['divergences']} "
         f"divergences; longest Redis call: {result['longest_apply_ms']:.1f} ms for a batch "
         f"({result['apply_calls_over_100_ms']} over 100 ms), {result['longest_query_ms']:.1f} ms "
         "for a query"
     )
-    for what, ms in result["largest_batches_ms"].items():
-        print(f"  largest batch, {what}: {ms:.1f} ms of Redis time")
+
+
+def record(recorder: Recorder, runs: list[dict[str, Any]],
+           largest: list[dict[str, float]]) -> None:
+    """The record's figures and table, from every fuzz run and round of the largest batches.
+
+    ``fuzz.*``: over all runs, ``batches``, ``crashes``, ``divergences``,
+    ``longest-batch`` and ``longest-query`` (the longest Redis call of each
+    kind, ms), ``over-100-ms`` (batch calls that long). ``largest.stores``
+    and ``largest.removals-and-stores``: the range of the Redis time of that
+    batch over every round and both kinds of hash (ms); the table
+    ``largest`` gives each kind's range.
+    """
+    totals = {key: sum(r[key] for r in runs) for key in ("batches", "crashes", "divergences")}
+    for key, value in totals.items():
+        recorder.figure(f"fuzz.{key}", f"{value:,}")
+    recorder.figure("fuzz.runs", f"{len(runs):,}")
+    recorder.figure("fuzz.longest-batch", f"{max(r['longest_apply_ms'] for r in runs):.1f} ms")
+    recorder.figure("fuzz.longest-query", f"{max(r['longest_query_ms'] for r in runs):.1f} ms")
+    recorder.figure("fuzz.over-100-ms", f"{sum(r['apply_calls_over_100_ms'] for r in runs):,}")
+    rows = []
+    for marker, key in LARGEST.items():
+        times = [ms for rnd in largest for what, ms in rnd.items() if marker in what]
+        recorder.figure(f"largest.{key}", span(min(times), max(times), "{:.0f}", " ms"))
+        for what in (w for w in largest[0] if marker in w):
+            hashes, batch = what.split(": ", 1)
+            one = [rnd[what] for rnd in largest]
+            rows.append([batch, hashes, span(min(one), max(one), "{:.1f}", " ms")])
+    recorder.tables["largest"] = table(
+        f"Redis time of the largest batches, {len(largest)} rounds",
+        ["batch (16,384 hashes)", "hashes", "Redis time"], rows,
+    )
+    recorder.data.update(runs=runs, largest_batches_ms=largest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=positive_int, default=1_000_000,
+                        help="batches per run (one run per --hash)")
+    parser.add_argument("--seed", type=int, default=0, help="the first run's seed (then +1)")
+    parser.add_argument("--hash", choices=HASHES, nargs="+", default=["fast"],
+                        help="one run per hash, one after the other")
+    parser.add_argument("--largest-rounds", type=positive_int, default=4, metavar="N",
+                        help="rounds of the largest batches (each: both kinds of hash)")
+    parser.add_argument("--redis", metavar="URL")
+    parser.add_argument("--check-every", type=positive_int, default=10, metavar="STEPS")
+    parser.add_argument("--fresh-every", type=positive_int, default=5_000, metavar="STEPS")
+    parser.add_argument("--stop", action="store_true", help="stop at the first problem")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--record", action="store_true",
+                        help=f"write benchmarks/results/{RECORD}.json")
+    args = parser.parse_args(argv)
+    # Refusals are the point here: the index's warnings about them are not news.
+    logging.getLogger("kvcore.cluster").setLevel(logging.ERROR)
+    # main(argv) from a test records argv, not the test runner's command line.
+    ran = command_line([__file__, *(sys.argv[1:] if argv is None else argv)])
+    recorder = Recorder(RECORD, enabled=args.record, command=ran)
+    process = None
+    url = args.redis
+    if url is None:
+        url, process = start_redis()
+    try:
+        runs = [run(args, url, args.seed + i, name) for i, name in enumerate(args.hash)]
+        largest = [largest_batches(url) for _ in range(args.largest_rounds)]
+    finally:
+        if process is not None:
+            process.kill()
+            process.wait()
+    for report in (r for one in runs for r in one["first_reports"]):
+        print(report, file=sys.stderr)
+    with recorder.section("summary"):
+        for one in runs:
+            print(summary(one))
+        for index, rnd in enumerate(largest):
+            for what, ms in rnd.items():
+                print(f"  largest batch, round {index + 1}, {what}: {ms:.1f} ms of Redis time")
+        print_load()
+    record(recorder, runs, largest)
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=2)
+            json.dump({"runs": runs, "largest_batches_ms": largest}, handle, indent=2)
+    recorder.write()
+    return 0 if all(r["crashes"] == r["divergences"] == 0 for r in runs) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -73,6 +73,14 @@ def test_the_changelog_refuses_markdown_it_does_not_render(line: str):
         tool.to_rst(f"## 1.0\n\n{line}\n")
 
 
+def test_markdown_markup_inside_a_code_span_is_code():
+    tool = changelog_tool()
+    rst = tool.to_rst("## 1.0\n\n- `group_idx=10**7` and `f(x)](y)` cost\n")
+    assert rst[-2] == r"- ``group_idx=10**7`` and ``f(x)](y)`` cost"
+    with pytest.raises(tool.ChangelogError, match=r"CHANGELOG\.md:3"):
+        tool.to_rst("## 1.0\n\n- `code` then **bold**\n")
+
+
 def test_the_changelog_has_an_unreleased_section_first():
     text = (REPO / "CHANGELOG.md").read_text()
     headings = [line for line in text.splitlines() if line.startswith("## ")]

@@ -101,3 +101,35 @@ def test_record_simulations_refuses_an_unknown_run(capsys: pytest.CaptureFixture
     assert record_simulations.argv_of(record_simulations.RUNS["conversation-whole"])[-1] == str(
         record_simulations.CONVERSATION_TRACE
     )
+
+
+def test_the_vllm_scheduler_record_is_each_setup_and_the_mirror_share_range():
+    bench = load_benchmark("bench_vllm_scheduler")
+
+    def result(config: str, share_of: float) -> dict:
+        # Stock 2 s and 400 µs a step, kvcore 1 s and 300 µs; the mirror 1,000 calls in 2 ms.
+        return {"config": config, "steps": 1234, "preemptions": 3, "total_s": [2.0, 1.0],
+                "median_s": [400e-6, 300e-6],
+                "mirror": {"calls": 1000, "sync_s": 0.002, "step_s": 0.002 / share_of}}
+
+    recorder = record.Recorder("t", enabled=False)
+    bench.record(recorder, [result("full", 0.05), result("eagle", 0.06)])
+    full = {k: v for k, v in recorder.figures.items() if k.startswith("full.")}
+    assert full == {
+        "full.steps": "1,234", "full.preemptions": "3",
+        "full.stock-total": "2.00 s", "full.kvcore-total": "1.00 s",
+        "full.stock-median": "400.0 µs", "full.kvcore-median": "300.0 µs",
+        "full.ratio-total": "0.50×", "full.ratio-median": "0.75×",
+        "full.mirror-calls": "1,000", "full.mirror-call": "2.00 µs",  # 2 ms / 1,000
+        "full.mirror-share": "5.0 %",
+    }
+    assert recorder.figures["mirror-share"] == "5.0–6.0 %"
+    assert recorder.tables["full"]["rows"] == [
+        ["vLLM 0.14 (stock)", "2.00 s", "400.0 µs"],
+        ["vLLM 0.14 on kvcore", "1.00 s", "300.0 µs"],
+        ["kvcore / stock", "0.50×", "0.75×"],
+    ]
+    assert recorder.tables["setups"]["rows"] == [
+        ["full", "1,234", "3", "0.50×", "0.75×", "5.0 %"],
+        ["eagle", "1,234", "3", "0.50×", "0.75×", "6.0 %"],
+    ]

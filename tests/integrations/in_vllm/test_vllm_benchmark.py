@@ -1,8 +1,9 @@
-"""benchmarks/bench_vllm_scheduler.py on a few requests: it compares, times and refuses."""
+"""benchmarks/bench_vllm_scheduler.py on a few requests: it compares, times, records and refuses."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -44,3 +45,41 @@ def test_bad_counts_are_refused_naming_the_argument(capsys):
         bench.main(["--requests", "0"])
     assert exit_info.value.code == 2
     assert "argument --requests: must be an integer >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_a_recorded_run_keeps_every_setup_it_printed(conversation_trace, tmp_path, monkeypatch,
+                                                     capsys):
+    bench = load_benchmark()
+    monkeypatch.setattr(sys.modules["_record"], "RESULTS", tmp_path)
+    argv = ["--requests", "12", "--blocks", "1024", "--config", "full", "mamba", "--record"]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    written = json.loads((tmp_path / "bench-vllm-scheduler.json").read_text())
+    assert written["command"] == "python benchmarks/bench_vllm_scheduler.py " + " ".join(argv)
+    assert list(written["outputs"]) == ["full", "mamba"]
+    rows = written["tables"]["setups"]["rows"]
+    assert [row[0] for row in rows] == ["full", "mamba"]
+    for config, row in zip(("full", "mamba"), rows, strict=True):
+        printed = written["outputs"][config]
+        assert printed in out
+        ratio = re.search(r"ratio kvcore / stock: total ([\d.]+)x, median step ([\d.]+)x", printed)
+        assert ratio is not None, printed
+        figures = {k.split(".", 1)[1]: v for k, v in written["figures"].items()
+                   if k.startswith(f"{config}.")}
+        # The figures are the printed run's, as the page shows them.
+        assert figures["ratio-total"] == f"{ratio[1]}×"
+        assert figures["ratio-median"] == f"{ratio[2]}×"
+        steps = re.search(r"([\d,]+) steps identical, (\d+) preemptions", printed)
+        assert (figures["steps"], figures["preemptions"]) == (steps[1], steps[2])
+        assert row[1:5] == [steps[1], steps[2], f"{ratio[1]}×", f"{ratio[2]}×"]
+        result = written["data"][config]
+        assert result["total_s"][1] / result["total_s"][0] == pytest.approx(
+            float(ratio[1]), abs=0.005)
+
+
+def test_a_setup_named_twice_is_refused(capsys):
+    bench = load_benchmark()
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--config", "full", "full"])
+    assert exit_info.value.code == 2
+    assert "argument --config: a setup named twice: full full" in capsys.readouterr().err
