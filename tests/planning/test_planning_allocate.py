@@ -131,7 +131,9 @@ def test_padded_mamba_states_next_to_attention():
 
 def test_planned_hybrid_model_with_states_allocates():
     # 80 tokens: one block per group, 8 groups and the null block: 9 blocks of 1.25 MiB.
-    p = kvcore.plan("jamba-v0.1", memory="12MiB", max_model_len=80, registry=registry())
+    p = kvcore.plan(
+        "jamba-v0.1", memory="12MiB", max_model_len=80, registry=registry(), pool="shared"
+    )
     assert p.num_blocks == 9
     buffers = kvcore.allocate_kv_cache(p.kv_cache_config)
     conv, ssm = buffers.views["model.layers.0.mamba"]
