@@ -35,7 +35,10 @@ __all__ = [
     "resolve_pool",
 ]
 
+#: The pool a plan is for: ``"auto"`` (two-level where the layers' pages
+#: differ, else shared), ``"shared"`` or ``"two-level"``.
 PoolChoice = Literal["auto", "shared", "two-level"]
+#: A pool ``"auto"`` resolved to.
 ResolvedPool = Literal["shared", "two-level"]
 #: The values ``pool`` takes.
 POOLS: Final[tuple[PoolChoice, ...]] = ("auto", "shared", "two-level")

@@ -50,7 +50,7 @@ def memory_needed(
     """Bytes for one longest request: its blocks, the reserved blocks and the null block.
 
     With ``classes`` (a two-level pool): whole large pages per class and large
-    page 0 (:func:`~kvcore._planning.two_level.memory_needed_two_level`).
+    page 0.
     """
     if classes is not None:
         return memory_needed_two_level(groups, classes, limits)
@@ -232,8 +232,7 @@ def max_concurrency(config: KVCacheConfig, limits: TokenLimits) -> float:
     (the null block is counted in the pool), after the blocks reserved once
     per pool. 0.0 for a config without groups. With a two-level pool
     (``config.page_pool``), counted in small pages: the large pages but page 0
-    over the large-page share one request holds
-    (:func:`~kvcore._planning.two_level.two_level_concurrency`).
+    over the large-page share one request holds.
     """
     if config.page_pool is not None:
         return two_level_concurrency(config, limits)

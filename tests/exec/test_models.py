@@ -141,3 +141,23 @@ def test_a_bfloat16_cache_is_bit_exact_too():
     _, engine, report = run_engine(plan)
     assert report.ok, [m.describe() for m in report.mismatches]
     assert engine.stats.hit_admissions > 0
+
+
+def test_tiny_three_pages_has_three_page_classes():
+    """Pages at 4-token blocks, 2 KV heads of 16, float64 model.
+
+    Full attention 4 × 2 × 32 × 8 = 2,048 bytes; NVFP4 4 × 2 × (16 + 2) = 144;
+    the Mamba-2 state (3 × 16 + 2 × 4 × 4) × 8 = 640. Their lcm 92,160 =
+    2^11 × 45: 45, 640 and 144 small pages per large page, no padding.
+    """
+    plan = tiny_plan("tiny-three-pages", pool="two-level", mamba_checkpoint=8)
+    classes = plan.page_classes
+    assert classes.class_page_bytes == (144, 640, 2048)
+    assert classes.large_page_bytes == 92_160
+    assert [classes.pages_per_large_page(c) for c in range(3)] == [640, 144, 45]
+    kinds = [(g.kind, g.block_size) for g in plan.groups]
+    assert kinds == [("full_attention", 4), ("nvfp4_attention", 4), ("mamba", 8)]
+    assert classes.group_classes == (2, 0, 1)
+    shared = tiny_plan("tiny-three-pages")
+    assert shared.page_classes is None
+    assert len({g.kv_cache_spec.page_size_bytes for g in _groups(shared)}) == 1
