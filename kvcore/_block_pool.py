@@ -30,7 +30,7 @@ import os
 from collections.abc import Callable, Hashable, Sequence
 from itertools import compress
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from kvcore._blocks import MAX_NUM_BLOCKS, NULL_BLOCK, UndoLog
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -102,6 +102,14 @@ def _check_pool_size(num_blocks: object) -> None:
         raise PoolTooLargeError(msg)
 
 
+class _Journaled(Protocol):
+    """A pool whose changes a :class:`Transaction` keeps or undoes."""
+
+    def _begin(self) -> bool: ...
+    def _commit(self) -> None: ...
+    def _rollback(self) -> None: ...
+
+
 class Transaction:
     """A ``with`` block whose pool changes are kept on success and undone on error.
 
@@ -111,7 +119,7 @@ class Transaction:
 
     __slots__ = ("_owner", "_pool")
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: _Journaled) -> None:
         self._pool = pool
         self._owner = False
 
@@ -357,6 +365,25 @@ class BlockPool:
         return 1.0 - self._num_free / usable if usable else 0.0
 
     @property
+    def num_in_use(self) -> int:
+        """Blocks held by requests or reserved (the null block not counted)."""
+        return self.num_blocks - 1 - self._num_free
+
+    def make_room(self, demand: Sequence[int], keep: Sequence[Sequence[int]]) -> bool:
+        """Whether an allocation taking ``demand[g]`` blocks in each group ``g`` fits now.
+
+        One shared pool: the blocks summed over groups against the free
+        blocks. ``keep`` (the hits it adopts, per group) is for a pool that
+        moves memory between groups' pages; here it is not needed. Changes
+        nothing.
+        """
+        return sum(demand) <= self._num_free
+
+    def pool_of(self, group: int) -> BlockPool:
+        """The pool holding group ``group``'s blocks: this one, shared by every group."""
+        return self
+
+    @property
     def num_evicted(self) -> int:
         """Cached blocks taken for new allocations so far (their contents lost); O(num_blocks)."""
         return self._num_stored - self._num_dropped - self.num_cached_blocks()
@@ -392,6 +419,13 @@ class BlockPool:
             raise OutOfBlocksError(msg)
         if not num_blocks:
             return []
+        blocks = self._take_queued(num_blocks)
+        if self.enable_caching:
+            self._evict(blocks)
+        return blocks
+
+    def _take_queued(self, num_blocks: int) -> list[int]:
+        """The queue's first ``num_blocks`` blocks, now held once (hashes still on them)."""
         blocks = self._queue.take(num_blocks)
         self._num_free -= num_blocks
         if self._journal is not None:
@@ -399,8 +433,6 @@ class BlockPool:
         ref = self._ref
         for block in blocks:
             ref[block] = 1
-        if self.enable_caching:
-            self._evict(blocks)
         return blocks
 
     def _undo_take(self, blocks: list[int]) -> None:
@@ -484,8 +516,11 @@ class BlockPool:
         with self.transaction():
             self._release(blocks)
 
-    def _release(self, blocks: Sequence[int]) -> None:
-        """:meth:`free_blocks` for kvcore's managers (``blocks`` is kept for the undo)."""
+    def _release(self, blocks: Sequence[int]) -> list[int]:
+        """:meth:`free_blocks` for kvcore's managers (``blocks`` is kept for the undo).
+
+        Returns the blocks that became free, in queue order.
+        """
         ref = self._ref
         released: list[int] = []
         for position, block in enumerate(blocks):
@@ -506,6 +541,7 @@ class BlockPool:
         if released:
             self._num_free += len(released)
             self._queue.release(released)
+        return released
 
     def _unrelease(self, blocks: Sequence[int], num_released: int) -> None:
         ref = self._ref
@@ -531,8 +567,11 @@ class BlockPool:
         with self.transaction():
             self._touch(blocks)
 
-    def _touch(self, blocks: Sequence[int]) -> None:
-        """:meth:`touch` for checked hits (``blocks`` is kept, not copied, for the undo)."""
+    def _touch(self, blocks: Sequence[int]) -> list[int]:
+        """:meth:`touch` for checked hits (``blocks`` is kept, not copied, for the undo).
+
+        Returns the blocks taken out of the free queue (they were free).
+        """
         ref = self._ref
         revived: list[int] = []
         if self._journal is not None:
@@ -548,6 +587,7 @@ class BlockPool:
             self._num_free -= len(revived)
             self._queue.revive(revived)
         self._queue.hit(blocks)
+        return revived
 
     def _untouch(self, blocks: Sequence[int], revived: list[int]) -> None:
         ref = self._ref
@@ -840,7 +880,8 @@ class BlockPool:
         blocks = list(block_ids)
         self._check_blocks(blocks)
         with self.transaction():
-            forgotten = [block for block in blocks if self._hash[block] is not None]
+            # An id given twice is dropped once.
+            forgotten = [block for block in dict.fromkeys(blocks) if self._hash[block] is not None]
             for block in forgotten:
                 self._uncache(block)
             if forgotten:
@@ -860,8 +901,15 @@ class BlockPool:
             event is queued), ``False`` if some block is still in use; then
             nothing changes.
         """
-        if self.num_blocks - 1 - len(self._reserved) - self._num_free:
+        if self.num_in_use != len(self._reserved):
             return False
+        self._clear_cache()
+        if self.enable_kv_cache_events:
+            self._events.append(AllBlocksCleared())
+        return True
+
+    def _clear_cache(self) -> None:
+        """Forget every hash (no block in use; not undone: the reset is outside transactions)."""
         for cached in self._cached:
             cached.clear()
         for dups in self._dups:
@@ -869,9 +917,6 @@ class BlockPool:
         self._num_dropped += self.num_cached_blocks()
         self._hash = [None] * self.num_blocks
         self._queue.forget(None)
-        if self.enable_kv_cache_events:
-            self._events.append(AllBlocksCleared())
-        return True
 
     # -- events -----------------------------------------------------------------------
 

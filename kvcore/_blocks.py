@@ -20,7 +20,7 @@ NULL_BLOCK: Final = 0
 MAX_NUM_BLOCKS: Final = 2**31 - 1
 
 #: One undo step: ``undo(*arguments)`` reverses one change.
-Undo = tuple[Callable[..., None], tuple[Any, ...]]
+Undo = tuple[Callable[..., object], tuple[Any, ...]]
 
 #: The undo steps of a running transaction, oldest first (replayed newest first).
 UndoLog = list[Undo]

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from kvcore._block_pool import NULL_BLOCK, BlockPool
-from kvcore._config import KVCacheConfig
+from kvcore._config import KVCacheConfig, PagePool
 from kvcore._kv_cache_manager import KVCacheManager
 from kvcore._plugin_types import LayerType
 from kvcore._registry import Registry, registry_from_layer_types
@@ -108,9 +108,7 @@ class _Checker:
         except ConformanceError:
             raise
         except Exception as exc:
-            raise self.fail(
-                rule, f"the plugin's code raised {type(exc).__name__}: {exc}"
-            ) from exc
+            raise self.fail(rule, f"the plugin's code raised {type(exc).__name__}: {exc}") from exc
         if reason is None:
             self.passed.append(rule)
         else:
@@ -446,11 +444,14 @@ class _Checker:
         caching: bool,
         eagle: bool,
         registry: Registry | None = None,
+        two_level: bool = False,
     ) -> KVCacheManager:
         reserved = sum(s.pool_reserved_blocks for s in specs)
         per_request = -(-MAX_MODEL_LEN // min(s.block_size for s in specs)) + 2
         num_blocks = 3 * per_request * len(specs) + reserved + 1
         config = KVCacheConfig.from_specs(num_blocks, specs)
+        if two_level:
+            config = _carved(config, 3 * per_request + reserved)
         return KVCacheManager(
             config,
             MAX_MODEL_LEN,
@@ -459,8 +460,9 @@ class _Checker:
             use_eagle=eagle,
         )
 
-    def _workload(self, rule: str, specs: list[KVCacheSpec], group: int) -> str | None:
-
+    def _workload(
+        self, rule: str, specs: list[KVCacheSpec], group: int, *, two_level: bool = False
+    ) -> str | None:
         encoder = self.manager.allocates_for_encoder
         cacheable = self.manager.is_prefix_cacheable(self.spec) and all(
             self.registry.manager_class(s).is_prefix_cacheable(s) for s in specs
@@ -468,7 +470,7 @@ class _Checker:
         runs = 0
         for eagle in (False, True):
             try:
-                manager = self._manager(specs, caching=cacheable, eagle=eagle)
+                manager = self._manager(specs, caching=cacheable, eagle=eagle, two_level=two_level)
             except KVCoreError:
                 if not eagle:
                     raise
@@ -628,9 +630,12 @@ class _Checker:
             raise self.fail("registered", str(exc)) from exc
         self.passed.append("registered")
         self.run("tokens_read", lambda: self.tokens_read())
-        self.run("skipped_tokens", lambda: self.skipped_tokens(
-            self.manager(self.spec, BlockPool(self.spec.pool_reserved_blocks + 2))
-        ))
+        self.run(
+            "skipped_tokens",
+            lambda: self.skipped_tokens(
+                self.manager(self.spec, BlockPool(self.spec.pool_reserved_blocks + 2))
+            ),
+        )
         self.run("page", lambda: self.page())
         self.run("grouping_key", lambda: self.grouping_key())
         self.run("hit_search", self.hit_search)
@@ -644,6 +649,11 @@ class _Checker:
                 "hybrid_workload",
                 lambda: self._workload("hybrid_workload", [partner, self.spec], 1),
             )
+            other = _other_page(partner, self.spec)
+            self.run(
+                "two_level_workload",
+                lambda: self._workload("two_level_workload", [other, self.spec], 1, two_level=True),
+            )
         self.run("torch_views", self.torch_views)
         return ConformanceReport(
             spec=self.spec,
@@ -653,6 +663,39 @@ class _Checker:
             hit_cases=self.hit_cases,
             workload_ops=self.workload_ops,
         )
+
+
+def _other_page(partner: KVCacheSpec, spec: KVCacheSpec) -> KVCacheSpec:
+    """``partner`` with a page of another size than ``spec``'s (twice the heads if equal)."""
+    if partner.page_size_bytes != spec.page_size_bytes or not isinstance(partner, AttentionSpec):
+        return partner
+    return attrs.evolve(partner, num_kv_heads=2 * partner.num_kv_heads)
+
+
+def _carved(config: KVCacheConfig, pages_per_class: int) -> KVCacheConfig:
+    """``config`` with a two-level pool: one class per page size, large pages of their LCM.
+
+    ``pages_per_class`` large pages' worth of memory for each class's blocks.
+    """
+    sizes = sorted({g.kv_cache_spec.page_size_bytes for g in config.kv_cache_groups})
+    large = math.lcm(*sizes)
+    num_large = 1 + sum(
+        -(
+            -pages_per_class
+            * sum(1 for g in config.kv_cache_groups if g.kv_cache_spec.page_size_bytes == size)
+            // (large // size)
+        )
+        for size in sizes
+    )
+    pool = PagePool(
+        large_page_bytes=large,
+        num_large_pages=num_large,
+        class_page_bytes=tuple(sizes),
+        group_classes=tuple(
+            sizes.index(g.kv_cache_spec.page_size_bytes) for g in config.kv_cache_groups
+        ),
+    )
+    return attrs.evolve(config, num_blocks=num_large, page_pool=pool)
 
 
 def _every_step_changes(
@@ -755,6 +798,11 @@ def check_plugin(
         EAGLE where accepted): allocations take what they predicted, refusals
         change nothing, hits are aligned, no block a request still reads was
         freed, and no request holds more blocks than the memory bound allows.
+    ``two_level_workload``
+        The same next to a type whose pages have another size, in a two-level
+        pool (each page size its own class, carved from shared large pages):
+        every invariant of the pool and its large pages holds after every
+        operation, with memory moving between the classes.
     ``steady_until``
         The same random traffic on a manager of the type's class and on one
         whose :meth:`~kvcore.managers.SingleTypeManager.steady_until` sends

@@ -17,6 +17,7 @@ from kvcore._hashing import hashes_at_block_size
 from kvcore._hits import HitRule, hash_and_alignment, make_hit_rule
 from kvcore._registry import Registry
 from kvcore._request import Request
+from kvcore._two_level_pool import TwoLevelBlockPool
 from kvcore._utils import round_down
 from kvcore.errors import InvalidCacheHitError
 from kvcore.eviction import EvictionPolicyFactory, GroupInfo
@@ -59,22 +60,32 @@ class KVCacheCoordinator:
         self.hit_rule = hit_rule
         self.hash_block_size = hit_rule.hash_block_size
         self.alignment_tokens = hit_rule.alignment_tokens
-        self.block_pool = BlockPool(
-            config.num_blocks,
-            enable_caching=enable_caching,
-            hash_block_size=self.hash_block_size,
-            num_groups=len(specs),
-            enable_kv_cache_events=enable_kv_cache_events,
-            group_kinds=[spec.kind for spec in specs],
-            eviction=eviction,
-            group_info=[
+        options: dict[str, Any] = {
+            "enable_caching": enable_caching,
+            "hash_block_size": self.hash_block_size,
+            "enable_kv_cache_events": enable_kv_cache_events,
+            "group_kinds": [spec.kind for spec in specs],
+            "eviction": eviction,
+            "group_info": [
                 GroupInfo.of(spec, enable_caching and cls.is_prefix_cacheable(spec))
                 for cls, spec in zip(classes, specs, strict=True)
             ],
-            alignment_tokens=self.alignment_tokens,
-        )
+            "alignment_tokens": self.alignment_tokens,
+        }
+        #: The engine's blocks: one shared pool, or (with ``config.page_pool``)
+        #: one pool per page class carved from large pages.
+        self.block_pool: BlockPool | TwoLevelBlockPool
+        if config.page_pool is None:
+            self.block_pool = BlockPool(config.num_blocks, num_groups=len(specs), **options)
+        else:
+            self.block_pool = TwoLevelBlockPool(config.page_pool, **options)
         self.managers: tuple[SingleTypeManager[Any], ...] = tuple(
-            cls(spec, self.block_pool, kv_cache_group_id=i, enable_caching=enable_caching)
+            cls(
+                spec,
+                self.block_pool.pool_of(i),
+                kv_cache_group_id=i,
+                enable_caching=enable_caching,
+            )
             for i, (cls, spec) in enumerate(zip(classes, specs, strict=True))
         )
         # Only managers that declare it drop blocks before a request ends; for
@@ -97,16 +108,34 @@ class KVCacheCoordinator:
         num_encoder_tokens: int,
         total_computed_tokens: int,
     ) -> int:
-        """Blocks the allocation will take, summed over groups (one shared pool)."""
-        total = 0
-        for manager, hits in zip(self.managers, new_computed_blocks, strict=True):
-            if manager.allocates_for_encoder:
-                total += manager.get_num_blocks_to_allocate(request_id, num_encoder_tokens, (), 0)
-            else:
-                total += manager.get_num_blocks_to_allocate(
-                    request_id, num_tokens, hits, total_computed_tokens
-                )
-        return total
+        """Blocks the allocation will take, summed over groups."""
+        return sum(
+            self.blocks_to_allocate(
+                request_id,
+                num_tokens,
+                new_computed_blocks,
+                num_encoder_tokens,
+                total_computed_tokens,
+            )
+        )
+
+    def blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[Sequence[int]],
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+    ) -> list[int]:
+        """Blocks the allocation will take in each group (the free hits it revives included)."""
+        return [
+            manager.get_num_blocks_to_allocate(request_id, num_encoder_tokens, (), 0)
+            if manager.allocates_for_encoder
+            else manager.get_num_blocks_to_allocate(
+                request_id, num_tokens, hits, total_computed_tokens
+            )
+            for manager, hits in zip(self.managers, new_computed_blocks, strict=True)
+        ]
 
     def allocate_new_computed_blocks(
         self,
@@ -124,22 +153,26 @@ class KVCacheCoordinator:
         adopted its own): no block ends up in two groups. The reference
         adopts group by group and can hand a block to two groups.
         """
-        pool = self.block_pool
-        pinned: list[int] = []
+        # Per pool (one, or one per page class): the hits pinned, in group order.
+        pinned: dict[int, tuple[BlockPool, list[int]]] = {}
         if num_external_computed_tokens and len(self.managers) > 1:
             num_computed = num_local_computed_tokens + num_external_computed_tokens
             for manager, hits in zip(self.managers, new_computed_blocks, strict=True):
                 if hits:
                     # The hits a group adopts: those its type still reads.
                     skipped = max(0, manager.get_num_skipped_tokens(num_computed))
-                    pinned.extend(hits[skipped // manager.block_size :])
-            pool._touch(pinned)
+                    pool = manager.block_pool
+                    blocks = pinned.setdefault(id(pool), (pool, []))[1]
+                    blocks.extend(hits[skipped // manager.block_size :])
+            for pool, blocks in pinned.values():
+                pool._touch(blocks)
         for manager, hits in zip(self.managers, new_computed_blocks, strict=True):
             manager.allocate_new_computed_blocks(
                 request_id, hits, num_local_computed_tokens, num_external_computed_tokens
             )
-        if pinned:
-            pool._release(pinned)
+        for pool, blocks in pinned.values():
+            if blocks:
+                pool._release(blocks)
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_encoder_tokens: int = 0
@@ -266,7 +299,7 @@ class KVCacheCoordinator:
         kept = blocks[first:]
         if not self.block_pool.holds_cached(kept, expected[first : len(blocks)], group_id):
             _name_bad_block(
-                self.block_pool,
+                manager.block_pool,
                 request,
                 manager,
                 blocks,

@@ -510,10 +510,10 @@ class KVCacheManager:
         num_computed = num_local_computed + num_external
         if coordinator.windowed:
             coordinator.remove_skipped_blocks(request_id, num_computed)
-        num_blocks = coordinator.get_num_blocks_to_allocate(
+        demand = coordinator.blocks_to_allocate(
             request_id, num_need_slot, hits, num_encoder, num_computed
         )
-        if num_blocks > self.block_pool.num_free:
+        if not self.block_pool.make_room(demand, hits):
             return None
         if any(hits) or num_external > 0:
             coordinator.allocate_new_computed_blocks(

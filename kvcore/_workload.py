@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
+from kvcore._block_pool import BlockPool
 from kvcore._hashing import hashes_at_block_size
 from kvcore._kv_cache_manager import KVCacheBlocks, KVCacheManager
 from kvcore._request import Request
+from kvcore._two_level_pool import TwoLevelBlockPool
 from kvcore.errors import InvalidConfigError
+from kvcore.managers import SingleTypeManager
 
 __all__ = ["RandomWorkload", "WorkloadStats", "admit", "check_manager_invariants", "snapshot"]
 
@@ -50,11 +54,16 @@ def check_manager_invariants(manager: KVCacheManager) -> None:
 
     * the pool's own invariants (:meth:`~kvcore.managers.BlockPool.check_invariants`:
       the free count matches the free queue, which has no cycle, every
-      cache-map entry matches its block);
+      cache-map entry matches its block; with a two-level pool, those of
+      every page class and of the large pages: a small page only in a large
+      page its class owns, a large page owned by at most one class, free
+      counts per class adding up);
     * every block's reference count equals the number of block tables (over
-      all requests and groups) holding it, plus one if it is reserved;
-    * no block is in the tables of two groups;
-    * free + held (counted once) + reserved + the null block = pool size;
+      all requests and the groups of its pool) holding it, plus one if it
+      is reserved;
+    * no block is in the tables of two groups of one pool;
+    * in each pool, the blocks in use are those held (counted once) and
+      those reserved;
     * each manager's cached-block count never exceeds its table length;
     * every block a table marks as cached that still carries a hash carries
       the hash its position implies for its request;
@@ -65,12 +74,31 @@ def check_manager_invariants(manager: KVCacheManager) -> None:
     Raises:
         AssertionError: naming the violated invariant.
     """
-    pool = manager.block_pool
-    pool.check_invariants()
+    manager.block_pool.check_invariants()
+    live = manager._requests
+    for pool, groups in _pools(manager):
+        _check_pool_tables(pool, groups, live)
+    for request_id, request in live.items():
+        if request._kv_owner is not manager:
+            msg = f"request {request_id!r} is live but does not belong to this manager"
+            raise AssertionError(msg)
+    _check_cached_positions(manager)
+
+
+def _pools(manager: KVCacheManager) -> list[tuple[BlockPool, list[SingleTypeManager[Any]]]]:
+    """Each pool of the manager (one, or one per page class) with the groups it holds."""
+    found: dict[int, tuple[BlockPool, list[SingleTypeManager[Any]]]] = {}
+    for group in manager.coordinator.managers:
+        found.setdefault(id(group.block_pool), (group.block_pool, []))[1].append(group)
+    return list(found.values())
+
+
+def _check_pool_tables(
+    pool: BlockPool, groups: Sequence[SingleTypeManager[Any]], live: Mapping[str, object]
+) -> None:
     holders: Counter[int] = Counter()
     owner_group: dict[int, int] = {}
-    live = manager._requests
-    for group in manager.coordinator.managers:
+    for group in groups:
         group_id = group.kv_cache_group_id
         for request_id, table in group.req_to_blocks.items():
             holders.update(block for block in table if block)
@@ -88,10 +116,6 @@ def check_manager_invariants(manager: KVCacheManager) -> None:
                         f"{group_id}"
                     )
                     raise AssertionError(msg)
-    for request_id, request in live.items():
-        if request._kv_owner is not manager:
-            msg = f"request {request_id!r} is live but does not belong to this manager"
-            raise AssertionError(msg)
     reserved = set(pool._reserved)
     for block in range(1, pool.num_blocks):
         expected = holders.get(block, 0) + (block in reserved)
@@ -101,22 +125,19 @@ def check_manager_invariants(manager: KVCacheManager) -> None:
                 f"{holders.get(block, 0)} tables (reserved: {block in reserved})"
             )
             raise AssertionError(msg)
-    held = len(holders)
-    total = pool.get_num_free_blocks() + held + len(reserved) + 1
-    if total != pool.num_blocks:
+    if pool.num_in_use != len(holders) + len(reserved):
         msg = (
-            f"free {pool.get_num_free_blocks()} + held {held} + reserved {len(reserved)} "
-            f"+ null 1 = {total}, pool has {pool.num_blocks}"
+            f"{pool.num_in_use} blocks in use, but held {len(holders)} + reserved "
+            f"{len(reserved)}"
         )
         raise AssertionError(msg)
-    _check_cached_positions(manager)
 
 
 def _check_cached_positions(manager: KVCacheManager) -> None:
     """A table's cached, still-hashed blocks carry their position's hash for that request."""
-    pool = manager.block_pool
     coordinator = manager.coordinator
     for group in coordinator.managers:
+        pool = group.block_pool
         if not coordinator.enable_caching or not group.is_prefix_cacheable(group.spec):
             continue
         for request_id, table in group.req_to_blocks.items():
@@ -143,11 +164,12 @@ def _check_cached_positions(manager: KVCacheManager) -> None:
 def snapshot(manager: KVCacheManager) -> tuple[object, ...]:
     """Everything an operation may change, for comparing before and after.
 
-    Reference counts, free-queue order, each block's hash and group, the
-    cache map (with duplicates), reserved blocks, pending events, every block
-    table and cached-block count, and the requests holding blocks.
+    Per pool (one per page class with a two-level pool): reference counts,
+    free-queue order, each block's hash and group, the cache map (with
+    duplicates), reserved blocks; the large pages' owners, use counts and
+    fully free pages; pending events, every block table and cached-block
+    count, and the requests holding blocks.
     """
-    pool = manager.block_pool
     tables = tuple(
         (
             tuple(sorted((k, tuple(v)) for k, v in group.req_to_blocks.items())),
@@ -155,6 +177,25 @@ def snapshot(manager: KVCacheManager) -> tuple[object, ...]:
         )
         for group in manager.coordinator.managers
     )
+    pools = tuple(_pool_state(pool) for pool, _ in _pools(manager))
+    top = manager.block_pool
+    pages = getattr(top, "pages", None)
+    large = (
+        None
+        if pages is None
+        else (
+            tuple(pages.owner),
+            tuple(pages.free),
+            tuple(pages.in_use),
+            tuple(pages.owned),
+            tuple(tuple(sorted(f.items())) for f in pages.fully_free),
+            pages.clock,
+        )
+    )
+    return (pools, large, top.peek_events(), tables, tuple(sorted(manager._requests)))
+
+
+def _pool_state(pool: BlockPool) -> tuple[object, ...]:
     cache_map = tuple(
         (dict(cached), {h: tuple(blocks) for h, blocks in dups.items()})
         for cached, dups in zip(pool._cached, pool._dups, strict=True)
@@ -166,10 +207,29 @@ def snapshot(manager: KVCacheManager) -> tuple[object, ...]:
         tuple(pool._group),
         cache_map,
         tuple(pool._reserved),
-        pool.peek_events(),
-        tables,
-        tuple(sorted(manager._requests)),
     )
+
+
+def _surely_fits(manager: KVCacheManager, demand: Sequence[int]) -> bool:
+    """Whether an allocation of ``demand`` blocks per group must succeed, worked out apart.
+
+    One shared pool: the blocks against the free ones. A two-level pool:
+    each class's own free blocks, then whole free large pages for the rest
+    (sufficient, not necessary: other classes' fully free pages may fit
+    more).
+    """
+    pool = manager.block_pool
+    if not isinstance(pool, TwoLevelBlockPool):
+        return sum(demand) <= pool.num_free
+    classes = pool.page_pool.group_classes
+    per_class: Counter[int] = Counter()
+    for group, count in enumerate(demand):
+        per_class[classes[group]] += count
+    pages_needed = 0
+    for klass, count in per_class.items():
+        short = max(0, count - pool.pools[klass].own_free())
+        pages_needed += -(-short // pool.pages.per_page[klass])
+    return pages_needed <= len(pool.pages.free)
 
 
 @attrs.define
@@ -278,11 +338,12 @@ class RandomWorkload:
         manager.remove_skipped_blocks(request.request_id, num_computed)
         need = min(num_computed + num_new_tokens + num_lookahead, manager.max_model_len)
         hits = hit.blocks if hit is not None else manager.empty_kv_cache_blocks.blocks  # type: ignore[attr-defined]
-        predicted = manager.coordinator.get_num_blocks_to_allocate(
+        demand = manager.coordinator.blocks_to_allocate(
             request.request_id, need, hits, self.num_encoder_tokens, num_computed
         )
         before = snapshot(manager)
-        free_before = manager.num_free_blocks
+        in_use_before = manager.block_pool.num_in_use
+        fits = _surely_fits(manager, demand)
         result = manager.allocate_slots(
             request,
             num_new_tokens,
@@ -293,16 +354,19 @@ class RandomWorkload:
             num_encoder_tokens=self.num_encoder_tokens,
         )
         if result is None:
-            if predicted <= free_before:
-                msg = f"allocation refused although {predicted} <= {free_before} free"
+            if fits:
+                msg = f"allocation refused although its {demand} blocks per group fit"
                 raise AssertionError(msg)
             if snapshot(manager) != before:
                 msg = f"refused allocation of {request.request_id!r} changed state"
                 raise AssertionError(msg)
             return False
-        taken = free_before - manager.num_free_blocks
-        if taken != predicted:
-            msg = f"allocation of {request.request_id!r} predicted {predicted} blocks, took {taken}"
+        taken = manager.block_pool.num_in_use - in_use_before
+        if taken != sum(demand):
+            msg = (
+                f"allocation of {request.request_id!r} predicted {sum(demand)} blocks, "
+                f"took {taken}"
+            )
             raise AssertionError(msg)
         return True
 
@@ -420,9 +484,8 @@ class RandomWorkload:
             self.manager.free(request)
         self._running.clear()
         check_manager_invariants(self.manager)
-        if self.manager.num_free_blocks + 1 + self.manager.block_pool.num_reserved_blocks != (
-            self.manager.block_pool.num_blocks
-        ):
+        pool = self.manager.block_pool
+        if pool.num_in_use != pool.num_reserved_blocks:
             msg = "blocks leaked: not every block is free after all requests finished"
             raise AssertionError(msg)
         return self.stats

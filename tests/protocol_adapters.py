@@ -23,8 +23,8 @@ class ReferenceLRU:
 
     exact_undo = True
 
-    def __init__(self, num_blocks: int) -> None:
-        self.free = list(range(num_blocks))
+    def __init__(self, num_blocks: int, *, free_at_start: bool = True) -> None:
+        self.free = list(range(num_blocks)) if free_at_start else []
         self.undo_log: list[tuple[Any, tuple[Any, ...]]] | None = None
 
     def _record(self, undo: Any, *arguments: Any) -> None:

@@ -176,6 +176,18 @@ def test_evict_blocks_rejects_foreign_ids():
         pool.evict_blocks([9])
 
 
+def test_evict_blocks_drops_an_id_given_twice_once():
+    pool = BlockPool(6)
+    request = cached_request(list(range(9)), 4)
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(request, blocks, 0, 2, 4, 0)
+    pool.evict_blocks([blocks[0], blocks[0]])  # raised KeyError: the hash was gone
+    assert pool.block_hash(blocks[0]) is None
+    assert pool.block_hash(blocks[1]) == request.block_hashes[1]
+    assert pool.num_cached_blocks() == 1
+    pool.check_invariants()
+
+
 def test_count_evictable_counts_free_blocks_but_not_nulls():
     pool = BlockPool(8)
     blocks = pool.get_new_blocks(4)

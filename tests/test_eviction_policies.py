@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from two_level import two_level_config
 
 import kvcore
 from kvcore import Request
@@ -424,6 +425,25 @@ def test_random_traffic_keeps_every_invariant(registry, policy, config):
     assert stats.hit_tokens > 0
     assert stats.preemptions > 0
     assert stats.resets > 0
+
+
+@pytest.mark.parametrize("policy", ["lru", "admit", "frequency", "cost"])
+@pytest.mark.parametrize("config", ["full+mamba", "full+window+mamba"])
+def test_random_traffic_keeps_every_invariant_in_a_two_level_pool(registry, policy, config):
+    """Attention pages and Mamba states in classes of their own; memory moves between them."""
+    specs = CONFIGS[config]
+    manager = kvcore.KVCacheManager(
+        two_level_config(specs, 12 * len(specs)),
+        512,
+        registry=registry,
+        hash_algorithm="fast",
+        eviction=policy,
+    )
+    stats = RandomWorkload(manager, seed=len(config) + len(policy), max_running=6).run(1500)
+    assert stats.hit_tokens > 0
+    assert stats.preemptions > 0
+    assert stats.resets > 0
+    assert manager.block_pool.pages.moves > 0  # large pages went from class to class
 
 
 # -- admission: the per-candidate computation against the per-block rule ----------------

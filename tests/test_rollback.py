@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from protocol_adapters import ReferenceLRU
 from tiny_specs import full, mamba, sw
+from two_level import two_level_config
 
 import kvcore
 from kvcore import KVCacheManager, Request
@@ -236,8 +237,10 @@ SCRIPT: list[Op] = [
 ]
 
 CONFIGS = {
-    "hybrid": ([full(), sw(8), mamba(num_speculative_blocks=1)], 40),
-    "full": ([full()], 20),
+    "hybrid": ([full(), sw(8), mamba(num_speculative_blocks=1)], 40, "shared"),
+    "full": ([full()], 20, "shared"),
+    # Attention pages of 32 bytes (2 a large page), Mamba states of 16 (4).
+    "hybrid two-level": ([full(), sw(8), mamba(num_speculative_blocks=1)], 30, "two-level"),
 }
 if kvcore_streaming is not None:
     CONFIGS["full+streaming"] = (
@@ -253,11 +256,17 @@ if kvcore_streaming is not None:
             ),
         ],
         30,
+        "shared",
     )
 
 
-def make(specs: list[Any], num_blocks: int, eviction: Any = "lru") -> KVCacheManager:
-    config = kvcore.KVCacheConfig.from_specs(num_blocks, specs)
+def make(
+    specs: list[Any], num_blocks: int, pool: str = "shared", eviction: Any = "lru"
+) -> KVCacheManager:
+    if pool == "two-level":
+        config = two_level_config(specs, num_blocks)
+    else:
+        config = kvcore.KVCacheConfig.from_specs(num_blocks, specs)
     return KVCacheManager(
         config, 128, registry=REGISTRY, enable_kv_cache_events=True, eviction=eviction
     )
@@ -267,9 +276,11 @@ def state(manager: KVCacheManager) -> tuple[object, ...]:
     return (snapshot(manager), manager.prefix_cache_stats)
 
 
-def run_script(specs: list[Any], num_blocks: int) -> tuple[list[object], int, object]:
+def run_script(
+    specs: list[Any], num_blocks: int, pool: str = "shared"
+) -> tuple[list[object], int, object]:
     FAULTS.__init__()  # type: ignore[misc]
-    manager = make(specs, num_blocks)
+    manager = make(specs, num_blocks, pool)
     requests: dict[str, Request] = {}
     results = [op(manager, requests) for op in SCRIPT]
     check_manager_invariants(manager)
@@ -283,7 +294,7 @@ def test_the_script_exercises_every_path(config):
     points = set(FAULTS.points)
     for name in ("allocate_new_computed_blocks", "allocate_new_blocks", "cache_blocks", "free"):
         assert any(name in point for point in points), name
-    if config == "hybrid":
+    if config.startswith("hybrid"):
         hit_b = results[5]
         assert hit_b[1] == 20  # b hits a's whole prompt in all three groups
         assert any("SlidingWindowManager.remove_skipped_blocks:after" in p for p in points)
@@ -294,13 +305,13 @@ def test_the_script_exercises_every_path(config):
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_a_fault_at_any_call_changes_nothing_and_a_retry_succeeds(config):
-    specs, num_blocks = CONFIGS[config]
-    expected, num_ticks, final = run_script(specs, num_blocks)
+    specs, num_blocks, pool = CONFIGS[config]
+    expected, num_ticks, final = run_script(specs, num_blocks, pool)
     faults_seen = 0
     for fire_at in range(num_ticks):
         FAULTS.__init__()  # type: ignore[misc]
         FAULTS.fire_at = fire_at
-        manager = make(specs, num_blocks)
+        manager = make(specs, num_blocks, pool)
         requests: dict[str, Request] = {}
         results = []
         for index, op in enumerate(SCRIPT):
@@ -320,13 +331,13 @@ def test_a_fault_at_any_call_changes_nothing_and_a_retry_succeeds(config):
 
 def free_set_state(manager: KVCacheManager) -> tuple[object, ...]:
     """:func:`state` with the free blocks as a set: a policy's order may change on undo."""
-    ref, free_order, *rest = snapshot(manager)
-    pool = manager.block_pool
-    return (ref, frozenset(free_order), pool.get_num_free_blocks(), *rest)
+    pools, *rest = snapshot(manager)
+    free_sets = tuple((ref, frozenset(free), *other) for ref, free, *other in pools)
+    return (free_sets, manager.block_pool.get_num_free_blocks(), *rest)
 
 
 @pytest.mark.parametrize("policy", ["admit", "frequency", "cost"])
-@pytest.mark.parametrize("config", ["hybrid", "full"])
+@pytest.mark.parametrize("config", ["hybrid", "full", "hybrid two-level"])
 def test_a_fault_under_another_policy_keeps_the_free_set_and_counts(config, policy):
     """The pool undoes a protocol-driven policy by compensating calls.
 
@@ -334,9 +345,9 @@ def test_a_fault_under_another_policy_keeps_the_free_set_and_counts(config, poli
     tables come back exactly; only the policy's order may differ, so after
     the retry the block ids may too, and the script must still run through.
     """
-    specs, num_blocks = CONFIGS[config]
+    specs, num_blocks, pool = CONFIGS[config]
     FAULTS.__init__()  # type: ignore[misc]
-    clean = make(specs, num_blocks, policy)
+    clean = make(specs, num_blocks, pool, policy)
     requests: dict[str, Request] = {}
     for op in SCRIPT:
         op(clean, requests)
@@ -346,7 +357,7 @@ def test_a_fault_under_another_policy_keeps_the_free_set_and_counts(config, poli
     for fire_at in range(num_ticks):
         FAULTS.__init__()  # type: ignore[misc]
         FAULTS.fire_at = fire_at
-        manager = make(specs, num_blocks, policy)
+        manager = make(specs, num_blocks, pool, policy)
         requests = {}
         for index, op in enumerate(SCRIPT):
             before = free_set_state(manager)
@@ -370,12 +381,17 @@ def test_an_exact_undo_policy_through_the_protocol_rolls_back_exactly(config):
     give, fault or no fault, the results and the final state of the built-in
     ``lru`` queue.
     """
-    specs, num_blocks = CONFIGS[config]
-    expected, num_ticks, final = run_script(specs, num_blocks)
+    specs, num_blocks, pool = CONFIGS[config]
+    expected, num_ticks, final = run_script(specs, num_blocks, pool)
     for fire_at in range(0, num_ticks, 3):
         FAULTS.__init__()  # type: ignore[misc]
         FAULTS.fire_at = fire_at
-        manager = make(specs, num_blocks, lambda info: ReferenceLRU(info.num_blocks))
+        manager = make(
+            specs,
+            num_blocks,
+            pool,
+            lambda info: ReferenceLRU(info.num_blocks, free_at_start=info.free_at_start),
+        )
         requests: dict[str, Request] = {}
         results = []
         for op in SCRIPT:

@@ -191,11 +191,17 @@ class LRUFreeQueue:
         for block in range(self._fresh_start, self._fresh_end):
             if block not in holes:
                 yield block
-        swept = self._swept[self._swept_head :] if self._swept is not None else []
-        regions = ((swept, self._swept_stale), (self._queue[self._head :], self._stale))
-        for entries, stale in regions:
+        # Walked by index, not sliced: a caller reading a few blocks from the
+        # head (the two-level pool's planner) must not pay for a copy.
+        regions: list[tuple[list[int], int, Sequence[int] | Counter[int]]] = [
+            (self._queue, self._head, self._stale)
+        ]
+        if self._swept is not None:
+            regions.insert(0, (self._swept, self._swept_head, self._swept_stale))
+        for entries, start, stale in regions:
             passed: dict[int, int] = {}
-            for block in entries:
+            for index in range(start, len(entries)):
+                block = entries[index]
                 count = passed.get(block, stale[block])
                 if count:
                     passed[block] = count - 1

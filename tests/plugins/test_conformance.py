@@ -27,6 +27,7 @@ ALL_RULES = (
     "workload",
     "steady_until",
     "hybrid_workload",
+    "two_level_workload",
     "torch_views",
 )
 
@@ -52,8 +53,9 @@ def test_every_builtin_type_passes(spec):
     assert report.passed == ALL_RULES
     assert report.skipped == ()
     assert report.hit_cases == 400
-    # Alone and hybrid, with EAGLE where the type accepts it (chunked local does not).
-    assert report.workload_ops == (2 if spec.kind == "chunked_local" else 4) * 200
+    # Alone, hybrid and in a two-level pool, with EAGLE where the type accepts it
+    # (chunked local does not).
+    assert report.workload_ops == (3 if spec.kind == "chunked_local" else 6) * 200
 
 
 def test_cross_attention_passes_what_applies():

@@ -192,9 +192,11 @@ class KVCoreKVCacheManager:
         self.num_kv_cache_groups = self.manager.num_kv_cache_groups
         #: kvcore's block pool (``get_num_free_blocks``, ``get_usage``), not vLLM's.
         self.block_pool = self.manager.block_pool
+        # The pool of group 0's blocks: the one a single-group connector asks about.
+        self._first_pool = self.block_pool.pool_of(0)
         self.requests = RequestMirror(self._holds_blocks)
         self.empty_kv_cache_blocks = VLLMKVCacheBlocks(
-            self.manager.empty_kv_cache_blocks.blocks, self.block_pool
+            self.manager.empty_kv_cache_blocks.blocks, self._first_pool
         )
 
     # -- what vLLM's scheduler calls ------------------------------------------------------
@@ -289,14 +291,14 @@ class KVCoreKVCacheManager:
         """Blocks per group as handed to the scheduler (the shared empty one if none)."""
         if not any(blocks):
             return self.empty_kv_cache_blocks
-        return VLLMKVCacheBlocks(blocks, self.block_pool)
+        return VLLMKVCacheBlocks(blocks, self._first_pool)
 
     # -- helpers ------------------------------------------------------------------------
 
     def _wrap(self, blocks: KVCacheBlocks) -> VLLMKVCacheBlocks:
         if not any(blocks.blocks):
             return self.empty_kv_cache_blocks
-        return VLLMKVCacheBlocks(blocks.blocks, self.block_pool)
+        return VLLMKVCacheBlocks(blocks.blocks, self._first_pool)
 
     def _holds_blocks(self, request_id: str) -> bool:
         return any(self.manager.get_block_ids(request_id))
