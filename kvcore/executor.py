@@ -26,9 +26,7 @@ Quick start:
     import kvcore
     from kvcore.executor import Executor, ReferenceEngine, synthetic_requests, tiny_model_path
 
-    plan = kvcore.plan(
-        tiny_model_path("tiny-hybrid"), num_blocks=40, max_num_batched_tokens=32, pool="shared"
-    )
+    plan = kvcore.plan(tiny_model_path("tiny-hybrid"), num_blocks=40, max_num_batched_tokens=32)
     executor = Executor.from_plan(plan)
     requests = synthetic_requests(12, max_model_len=plan.max_model_len)
     ReferenceEngine(executor, requests).run()

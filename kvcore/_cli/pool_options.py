@@ -24,8 +24,8 @@ def add_pool_options(parser: argparse.ArgumentParser) -> None:
         "--mamba-checkpoint",
         type=int,
         metavar="TOKENS",
-        help="tokens between two cached states of a Mamba or linear-attention group, a "
-        "multiple of the attention block size (default under the two-level pool: "
+        help="tokens between two cached states of a group of recurrent states cached on a "
+        "grid, a multiple of the attention block size (default under the two-level pool: "
         f"{DEFAULT_MAMBA_CHECKPOINT}; under the shared pool only the raised block size is "
         "accepted)",
     )

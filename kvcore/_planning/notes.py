@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvcore._config import KVCacheGroupSpec
+from kvcore._planning.pool_choice import default_mamba_checkpoint
 from kvcore.specs import KVCacheSpec, TokenLimits
 
 __all__ = ["fitted_note", "shared_notes", "two_level_notes"]
@@ -86,14 +87,24 @@ def two_level_notes(
     model_max_len: int,
     *,
     checkpoint: int | None,
+    block_size: int,
+    refused: str | None,
     fitted: bool,
 ) -> tuple[str, ...]:
-    """The notes of a two-level plan: the checkpoint grid, promoted layers, a lowered length."""
+    """The notes of a two-level plan: the checkpoint grid, promoted layers, a lowered length.
+
+    ``refused``: why a manager refused the default checkpoint grid, if it did.
+    """
     notes = []
-    if checkpoint is not None:
+    if refused is not None:
         notes.append(
-            f"recurrent states cached every {checkpoint} tokens (mamba_checkpoint), not every "
-            "attention block"
+            f"recurrent states cached every {checkpoint} tokens, every attention block, not "
+            f"every {default_mamba_checkpoint(block_size)}: with prefix caching on, {refused}"
+        )
+    elif checkpoint is not None:
+        where = "every attention block" if checkpoint == block_size else "not every attention block"
+        notes.append(
+            f"recurrent states cached every {checkpoint} tokens (mamba_checkpoint), {where}"
         )
     for (kind, as_kind), count in _promoted(layer_specs, groups).items():
         notes.append(

@@ -378,19 +378,50 @@ def _planner(
     mamba_checkpoint: int | None,
     block_size: int,
     **shared: Any,
-) -> tuple[_Planner, int | None]:
-    """The planner of the pool asked for, and the state checkpoint grid it uses."""
+) -> tuple[_Planner, int | None, str | None]:
+    """The planner of the pool asked for, the state checkpoint grid it uses, and why.
+
+    The third value is a manager's refusal of the default grid (the grid
+    then is the attention block size), else ``None``.
+    """
     resolved = resolve_pool(pool, layer_specs)
     if resolved == "shared":
         specs = align_state_pages(layer_specs)
         check_shared_checkpoint(specs, mamba_checkpoint, model=cfg.name)
         checkpoint = mamba_checkpoint
+        refused = None
     else:
         specs, checkpoint = checkpoint_states(
             layer_specs, mamba_checkpoint, block_size=block_size, model=cfg.name
         )
+        refused = None
+        if mamba_checkpoint is None and checkpoint is not None:
+            refused = _refused_grid(specs, shared["registry"])
+            if refused is not None:
+                specs, checkpoint = checkpoint_states(
+                    layer_specs, block_size, block_size=block_size, model=cfg.name
+                )
     planner = _Planner(cfg=cfg, layer_specs=layer_specs, specs=specs, pool=resolved, **shared)
-    return planner, checkpoint
+    return planner, checkpoint, refused
+
+
+def _refused_grid(specs: Mapping[str, KVCacheSpec], registry: Registry) -> str | None:
+    """Why a manager refuses the hit grid of ``specs`` with prefix caching on, or ``None``.
+
+    A type whose hit search cannot align its hits to more than its own block
+    (chunked local attention) refuses states checkpointed more coarsely.
+    """
+    distinct = list(dict.fromkeys(specs.values()))
+    classes = [registry.manager_class(spec) for spec in distinct]
+    cacheable = [cls.is_prefix_cacheable(s) for cls, s in zip(classes, distinct, strict=True)]
+    alignment = hash_and_alignment(distinct, cacheable)[1]
+    for cls, spec in zip(classes, distinct, strict=True):
+        try:
+            cls.validate_config(spec, enable_caching=True, use_eagle=False,
+                                alignment_tokens=alignment)
+        except InvalidConfigError as exc:
+            return str(exc)
+    return None
 
 
 def plan(
@@ -459,9 +490,10 @@ def plan(
         mamba_checkpoint: Tokens between two cached states of a state group
             (Mamba, linear attention) in the ``"align"`` cache mode: a
             positive multiple of ``block_size``; default 512 (rounded up to
-            a multiple of ``block_size``). Under the shared pool the states
-            follow the raised attention block size, so only that value is
-            accepted.
+            a multiple of ``block_size``), or ``block_size`` when a group's
+            manager refuses hits aligned past its own block (the plan's
+            notes say so). Under the shared pool the states follow the
+            raised attention block size, so only that value is accepted.
 
     Returns:
         The plan; ``plan.kv_cache_config`` and ``plan.max_model_len`` build a
@@ -504,7 +536,7 @@ def plan(
         max_model_len=limits.max_model_len,
         options=options,
     )
-    planner, checkpoint = _planner(
+    planner, checkpoint, refused = _planner(
         cfg, layer_specs, pool=pool, mamba_checkpoint=mamba_checkpoint, block_size=block,
         registry=registry, memory_bytes=memory_bytes, num_blocks=num_blocks, layout=layout,
         hybrid=hybrid, fit=fit,
@@ -521,7 +553,8 @@ def plan(
         )
     else:
         notes = two_level_notes(
-            layer_specs, groups, result.limits, model_max_len, checkpoint=checkpoint, fitted=fit
+            layer_specs, groups, result.limits, model_max_len, checkpoint=checkpoint,
+            block_size=block, refused=refused, fitted=fit,
         )
     return attrs.evolve(
         result,

@@ -92,8 +92,9 @@ def _checkpointed(layer_specs: Mapping[str, KVCacheSpec], tokens: int) -> dict[s
 
 def _no_states(model: str) -> InvalidConfigError:
     msg = (
-        f"mamba_checkpoint is given, but no layer of {model} keeps states cached on a grid "
-        "(Mamba or linear-attention layers in the 'align' cache mode); leave it unset"
+        f"mamba_checkpoint is given, but no layer of {model} keeps recurrent states cached on "
+        "a grid (state layers in a cache mode that caches them at block boundaries); leave "
+        "it unset"
     )
     return InvalidConfigError(msg)
 

@@ -474,9 +474,12 @@ def test_gcd_rule_reported_next_to_the_reference():
     assert data["reference"]["padding_slots"] == 8
 
 
-@pytest.mark.parametrize("model", ["gpt-oss-20b", "gemma-3-27b", "llama-3-8b", "jamba-v0.1"])
-def test_planned_config_drives_the_manager(model):
-    p = plan(model, memory="4GiB", max_model_len=2048, pool="shared")
+@pytest.mark.parametrize("pool", ["shared", "auto"])
+@pytest.mark.parametrize(
+    "model", ["gpt-oss-20b", "gemma-3-27b", "llama-3-8b", "jamba-v0.1", "qwen3-next-80b"]
+)
+def test_planned_config_drives_the_manager(model, pool):
+    p = plan(model, memory="4GiB", max_model_len=2048, pool=pool)
     manager = kvcore.KVCacheManager(
         p.kv_cache_config, p.max_model_len, registry=registry(), enable_caching=True
     )

@@ -271,7 +271,7 @@ def test_the_mamba_checkpoint_sets_the_state_grid():
          r"under pool='shared' the cached states follow the attention block size, 80 tokens "
          r"for jamba-v0.1; give 80 or leave mamba_checkpoint unset"),
         ({"mamba_checkpoint": 512, "options": {"mamba.cache_mode": "none"}},
-         "no layer of jamba-v0.1 keeps states cached on a grid"),
+         "no layer of jamba-v0.1 keeps recurrent states cached on a grid"),
         ({"pool": "two_level"}, "pool must be one of auto, shared, two-level, got 'two_level'"),
     ],
 )
@@ -283,7 +283,7 @@ def test_bad_pool_options_are_refused(options, message):
 def test_a_checkpoint_equal_to_the_shared_block_is_accepted():
     p = plan("jamba-v0.1", pool="shared", mamba_checkpoint=80)
     assert p.to_dict()["groups"] == plan("jamba-v0.1", pool="shared").to_dict()["groups"]
-    with pytest.raises(InvalidConfigError, match="no layer of llama-3-8b keeps states"):
+    with pytest.raises(InvalidConfigError, match="no layer of llama-3-8b keeps recurrent states"):
         plan("llama-3-8b", mamba_checkpoint=512)
 
 
@@ -410,3 +410,27 @@ def test_the_large_page_follows_the_rule(pages):
     assert (large, padded) == _brute_force_large_page(pages)
     assert all(q >= p and large % q == 0 for p, q in zip(pages, padded, strict=True))
     assert large % max(pages) == 0
+
+
+def test_the_default_grid_gives_way_to_a_manager_that_refuses_it():
+    """tiny-hybrid's chunked layers need hits aligned to their 4-token block.
+
+    States every 512 tokens would align hits to 512, so the default grid is
+    the block size there; a grid given explicitly is kept (the manager
+    refuses it when prefix caching is on).
+    """
+    from kvcore.executor import tiny_model_path
+
+    path = tiny_model_path("tiny-hybrid")
+    p = kvcore.plan(path, block_size=4, memory="1MiB", registry=registry())
+    assert p.mamba_checkpoint == p.hit_alignment == 4
+    assert p.notes[0].startswith(
+        "recurrent states cached every 4 tokens, every attention block, not every 512: with "
+        "prefix caching on, ChunkedLocalAttentionManager needs cache hits aligned to its own "
+        "block size (4 tokens)"
+    )
+    given = kvcore.plan(path, block_size=4, memory="1MiB", registry=registry(),
+                        mamba_checkpoint=8)
+    assert given.mamba_checkpoint == given.hit_alignment == 8
+    with pytest.raises(InvalidConfigError, match="align hits to 8 tokens"):
+        kvcore.KVCacheManager(given.kv_cache_config, given.max_model_len, registry=registry())
