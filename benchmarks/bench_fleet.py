@@ -43,7 +43,8 @@ def run_cell(model: str, memory: str, engines: int, router: str, limit: int) -> 
     """One fleet simulation's JSON report."""
     argv = ["simulate", model, "--trace", str(CONVERSATION_TRACE), "--limit", str(limit),
             "--memory", memory, "--engines", str(engines),
-            "--router", router.split(",")[0], "--time-scale", str(engines / 2), "--json"]
+            "--router", router.split(",")[0], "--time-scale", str(engines / 2), "--json",
+            "--pool", "shared"]  # as recorded: jamba-v0.1's 80-token blocks
     if router.endswith("all alike"):
         argv += ["--scoring", "all-alike"]
     out = io.StringIO()

@@ -1,8 +1,9 @@
 """Planning a model's KV cache: from a model and an amount of memory to tensors.
 
 :func:`~kvcore.plan` reads a model (a shipped name or a ``config.json``), builds one
-spec per cache-holding layer, groups the layers, unifies their pages and
-sizes the pool; :func:`~kvcore.allocate_kv_cache` turns the resulting
+spec per cache-holding layer, groups the layers, unifies their pages (the
+shared pool) or makes page classes of them (the two-level pool, with its
+:class:`PageClasses`) and sizes the pool; :func:`~kvcore.allocate_kv_cache` turns the resulting
 :class:`~kvcore.KVCacheConfig` into torch tensors with per-layer views. The
 rest are the steps on their own, for engines that plan in their own way, and
 the values plugins read and return while a model's layers are built
@@ -28,7 +29,9 @@ from kvcore._planning.model_config import (
     load_model_config,
     model_config_from_dict,
 )
+from kvcore._planning.page_classes import PageClasses
 from kvcore._planning.plan import KVCachePlan, plan, print_plan
+from kvcore._planning.pool_choice import DEFAULT_MAMBA_CHECKPOINT, POOLS, PoolChoice
 from kvcore._planning.report import GroupReport
 from kvcore._planning.sizing import (
     estimate_max_model_len,
@@ -48,6 +51,11 @@ __all__ = [
     "GroupReport",
     "allocate_kv_cache",
     "KVCacheBuffers",
+    # two-level pools
+    "POOLS",
+    "PoolChoice",
+    "PageClasses",
+    "DEFAULT_MAMBA_CHECKPOINT",
     # models
     "list_models",
     "load_model_config",

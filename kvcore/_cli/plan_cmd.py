@@ -12,6 +12,7 @@ from kvcore._cli.plugins_cmd import (
     plan_options_from_args,
     registry_from_args,
 )
+from kvcore._cli.pool_options import add_pool_options
 from kvcore._planning.group_size import GROUP_SIZE_RULES
 from kvcore._planning.model_config import list_models
 from kvcore._planning.plan import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, plan
@@ -30,7 +31,9 @@ def add_parser(subparsers: Any) -> None:
             "layers that share a block table, and size the pool for the memory given. "
             "Prints each group (type, layers, block size, page size, blocks one longest "
             "request holds in it, bytes wasted per block), the number of blocks, the token "
-            "capacity, the maximum concurrency at max_model_len and the wasted bytes."
+            "capacity, the maximum concurrency at max_model_len and the wasted bytes; for "
+            "a two-level pool also the page classes, the large pages and the token grid "
+            "prefix hits land on."
         ),
     )
     parser.add_argument(
@@ -52,8 +55,8 @@ def add_parser(subparsers: Any) -> None:
         "--block-size",
         type=int,
         metavar="N",
-        help=f"tokens per attention block (default: {DEFAULT_BLOCK_SIZE}, raised for "
-        "models with recurrent-state layers until a page holds a state)",
+        help=f"tokens per attention block (default: {DEFAULT_BLOCK_SIZE}; under the shared "
+        "pool raised for models with recurrent-state layers until a page holds a state)",
     )
     parser.add_argument(
         "--dtype",
@@ -73,7 +76,8 @@ def add_parser(subparsers: Any) -> None:
         "--num-blocks",
         type=int,
         metavar="N",
-        help="use this many blocks instead of what the memory holds",
+        help="use this many blocks (large pages, under the two-level pool) instead of what "
+        "the memory holds",
     )
     parser.add_argument(
         "--group-size-rule",
@@ -95,6 +99,7 @@ def add_parser(subparsers: Any) -> None:
         help="allocate the layers of local attention types (windows, chunks) for every "
         "token, in one block table, as engines without the hybrid manager do",
     )
+    add_pool_options(parser)
     add_plan_option_argument(parser)
     add_selection_options(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -128,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
         layout=args.layout.replace("-", "_"),
         hybrid=not args.no_hybrid,
         options=plan_options_from_args(args),
+        pool=args.pool,
+        mamba_checkpoint=args.mamba_checkpoint,
     )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))

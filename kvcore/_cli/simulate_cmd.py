@@ -10,6 +10,7 @@ import attrs
 
 from kvcore._cli.fleet_options import add_fleet_options, reject_fleet_options, run_fleet
 from kvcore._cli.plugins_cmd import add_selection_options, registry_from_args
+from kvcore._cli.pool_options import add_pool_options
 from kvcore._hashing import HASH_ALGORITHMS
 from kvcore._sim.report import format_report
 from kvcore._sim.scheduler import ARRIVAL_MODES, SchedulerConfig
@@ -80,6 +81,7 @@ def add_parser(subparsers: Any) -> None:
         help="plan the layers of local attention types (windows, chunks) for every token, "
         "in one block table, as engines without the hybrid manager do",
     )
+    add_pool_options(parser)
     add_selection_options(parser)
     defaults = SchedulerConfig()
     parser.add_argument(
@@ -233,6 +235,8 @@ def _inputs(args: argparse.Namespace) -> tuple[Workload, SimulationOptions, Regi
         scheduler=scheduler,
         eviction=args.eviction,
         with_belady=args.with_belady,
+        pool=args.pool,
+        mamba_checkpoint=args.mamba_checkpoint,
     )
     workload = load_workload(
         args.trace, limit=args.limit, seed=args.seed, skip_bad_lines=args.skip_bad_lines

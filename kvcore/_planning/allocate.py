@@ -30,7 +30,9 @@ class KVCacheBuffers:
             bytes, zero-filled.
         views: Layer name → one view per :class:`~kvcore.specs.PagePart` of its
             spec, in order. Each view has shape ``(num_blocks, *part.shape)``
-            and the part's dtype, and aliases ``buffer``: for attention, one
+            (with a two-level pool, ``num_blocks`` is the small pages of the
+            layer's page class, and ``view[b]`` is small page ``b``) and the
+            part's dtype, and aliases ``buffer``: for attention, one
             ``(num_blocks, block_size, num_kv_heads, head_size + head_size_v)``
             tensor (keys then values in the last axis); for Mamba, one tensor
             per state.
@@ -95,7 +97,11 @@ def allocate_kv_cache(config: KVCacheConfig, *, device: Any = "cpu") -> KVCacheB
     One zero-filled ``uint8`` buffer of ``config.size_bytes`` bytes is
     allocated on ``device``; every layer gets strided views into it, placed
     exactly as the config's tensors say, so layers of different groups that
-    the plan overlays share bytes and no others do.
+    the plan overlays share bytes and no others do. With a two-level pool
+    (``config.page_pool``) the buffer holds each backing run's large pages
+    and a layer's view is indexed by the small-page ids of its group's class
+    (its tensor's ``num_blocks`` of them): a paged kernel still reads
+    ``view[block_id]``.
 
     Args:
         config: A planned config (with tensors), e.g. ``kvcore.plan(...).kv_cache_config``.
@@ -122,6 +128,7 @@ def allocate_kv_cache(config: KVCacheConfig, *, device: Any = "cpu") -> KVCacheB
     buffer = torch.zeros(config.size_bytes, dtype=torch.uint8, device=device)
     views: dict[str, tuple[torch.Tensor, ...]] = {}
     for tensor in config.kv_cache_tensors:
+        blocks = config.num_blocks if tensor.num_blocks is None else tensor.num_blocks
         for index, layer in enumerate(tensor.layers):
             spec = config.layer_spec(layer)
             views[layer] = tuple(
@@ -131,7 +138,7 @@ def allocate_kv_cache(config: KVCacheConfig, *, device: Any = "cpu") -> KVCacheB
                     part,
                     page_offset=tensor.page_offset(index, 0),
                     block_stride=tensor.block_stride,
-                    num_blocks=config.num_blocks,
+                    num_blocks=blocks,
                     layer=layer,
                 )
                 for part in spec.page_parts()

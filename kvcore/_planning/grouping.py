@@ -35,7 +35,12 @@ from kvcore._utils import cdiv
 from kvcore.errors import InvalidConfigError, InvalidSpecError
 from kvcore.specs import KVCacheSpec, TokenLimits
 
-__all__ = ["get_kv_cache_groups", "uniform_page_buckets", "uniform_page_groups"]
+__all__ = [
+    "get_kv_cache_groups",
+    "natural_page_groups",
+    "uniform_page_buckets",
+    "uniform_page_groups",
+]
 
 
 def get_kv_cache_groups(
@@ -170,6 +175,13 @@ def uniform_page_groups(
     if len(pages) > 1:
         msg = f"uniform-page grouping needs one page size, got {sorted(pages)} bytes"
         raise InvalidConfigError(msg)
+    return _bucket_groups(layer_specs, group_size_rule, limits)
+
+
+def _bucket_groups(
+    layer_specs: Mapping[str, KVCacheSpec], group_size_rule: str, limits: TokenLimits | None
+) -> list[KVCacheGroupSpec]:
+    """Buckets of mergeable layers split into groups of one group size, strided."""
     buckets = uniform_page_buckets(layer_specs)
     if not buckets:
         return []
@@ -183,6 +195,46 @@ def uniform_page_groups(
             member_specs = [layer_specs[name] for name in members]
             spec = type(member_specs[0]).merge(member_specs)
             groups.append(KVCacheGroupSpec(layer_names=members, kv_cache_spec=spec))
+    return groups
+
+
+def natural_page_groups(
+    layer_specs: Mapping[str, KVCacheSpec],
+    *,
+    hybrid: bool = True,
+    group_size_rule: str = "reference",
+    limits: TokenLimits | None = None,
+) -> list[KVCacheGroupSpec]:
+    """Groups for a two-level pool: every layer keeps its own block size and page.
+
+    No page is grown, padded or fitted: the branches of
+    :func:`get_kv_cache_groups` without page unification. Unified mode
+    (``hybrid=False``) promotes local layers as there; one spec or one type
+    makes one group; otherwise mergeable layers are bucketed and split into
+    groups of one group size (the same rules, strided), and each layer that
+    keeps its own group gets one with its own spec. Groups of different pages
+    draw their block ids from different page classes.
+
+    Raises:
+        InvalidConfigError: as :func:`get_kv_cache_groups` (unified mode
+            that cannot promote, an unknown rule).
+    """
+    specs = promote_local_layers(layer_specs) if not hybrid else dict(layer_specs)
+    if not specs:
+        return []
+    names, values = list(specs), list(specs.values())
+    if is_uniform_spec(values):
+        groups = [KVCacheGroupSpec(layer_names=names, kv_cache_spec=type(values[0]).merge(values))]
+    elif is_uniform_type(values):
+        groups = [same_slots_group(names, values)]
+    else:
+        rest = {name: spec for name, spec in specs.items() if not spec.keeps_own_group}
+        groups = _bucket_groups(rest, group_size_rule, limits) + [
+            KVCacheGroupSpec(layer_names=[name], kv_cache_spec=spec)
+            for name, spec in specs.items()
+            if spec.keeps_own_group
+        ]
+    _check_partition(specs, groups)
     return groups
 
 

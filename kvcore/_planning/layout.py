@@ -14,6 +14,21 @@ Block-outer (``[block][layer][page]``; the packing repeats in every block)::
     group 0: | blk 0 [ A | B  | pad ] | blk 1 [ A | B  | pad ] | ...
     group 1: | blk 0 [  C  |    D   ] | blk 1 [  C  |    D   ] | ...
              |<--- bytes_per_block -->|
+
+A two-level pool (:mod:`.page_classes`) lays out each backing run as
+``num_large_pages`` large pages one after the other. A group's block ids are
+the small pages of its class: small page ``s`` of a class with ``k`` pages
+per large page is the ``s % k``-th of large page ``s // k``, so it starts at
+``s × class page`` within the run, and a layer's view is still strided by
+one page (the class page) from one block id to the next::
+
+    run j:  | large 0: null blocks | large 1: class 1 | large 2: class 0      | ...
+                                    [ s=2  | s=3     ][ s=134 | ... | s=200 ]
+            (class 1: 2 small pages per large page; class 0: 67)
+
+Layer-outer: layer ``j`` of every group lies in run ``j`` (there are as many
+runs as the largest group has layers). Block-outer: one run, a small page
+holding the pages of all the group's layers side by side.
 """
 
 from __future__ import annotations
@@ -21,10 +36,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvcore._config import KVCacheGroupSpec, KVCacheLayout, KVCacheTensor
+from kvcore._planning.page_classes import PageClasses
 from kvcore.errors import InvalidConfigError
 from kvcore.specs import KVCacheSpec
 
-__all__ = ["bytes_per_block", "check_layout", "layout_tensors"]
+__all__ = ["bytes_per_block", "check_layout", "layout_tensors", "two_level_tensors"]
 
 
 def bytes_per_block(groups: Sequence[KVCacheGroupSpec]) -> int:
@@ -87,4 +103,49 @@ def layout_tensors(
                 )
             tensors.append(tensor)
             used += len(names) * page
+    return tensors
+
+
+def _consecutive_runs(group: KVCacheGroupSpec) -> list[tuple[int, KVCacheSpec, list[str]]]:
+    """``(index of the first layer, spec, layers)`` for each stretch of layers of one spec."""
+    runs: list[tuple[int, KVCacheSpec, list[str]]] = []
+    for index, (name, spec) in enumerate(group.items()):
+        if runs and runs[-1][1] == spec:
+            runs[-1][2].append(name)
+        else:
+            runs.append((index, spec, [name]))
+    return runs
+
+
+def two_level_tensors(
+    groups: Sequence[KVCacheGroupSpec], classes: PageClasses, num_large_pages: int
+) -> list[KVCacheTensor]:
+    """The tensors of every group in a two-level pool of ``num_large_pages`` large pages.
+
+    Each tensor's ``block_stride`` is its group's class page and its
+    ``num_blocks`` the class's small pages (see the module docstring).
+    """
+    run_bytes = classes.large_page_bytes * num_large_pages
+    size = classes.num_runs * run_bytes
+    tensors = []
+    for group, klass in zip(groups, classes.group_classes, strict=True):
+        page = classes.class_page_bytes[klass]
+        blocks = num_large_pages * classes.pages_per_large_page(klass)
+        if classes.layout == "layer_outer":
+            for first, _, names in _consecutive_runs(group):
+                tensors.append(KVCacheTensor(
+                    size=size, layers=names, layer_stride=run_bytes, block_stride=page,
+                    offset=first * run_bytes, num_blocks=blocks,
+                ))
+            continue
+        by_spec: dict[KVCacheSpec, list[str]] = {}
+        for name, spec in group.items():
+            by_spec.setdefault(spec, []).append(name)
+        used = 0  # bytes of the small page taken by the group's earlier layers
+        for spec, names in by_spec.items():
+            tensors.append(KVCacheTensor(
+                size=size, layers=names, layer_stride=spec.page_size_bytes, block_stride=page,
+                offset=used, num_blocks=blocks,
+            ))
+            used += len(names) * spec.page_size_bytes
     return tensors

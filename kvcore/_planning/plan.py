@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
 from kvcore._config import KVCacheConfig, KVCacheGroupSpec, KVCacheLayout
+from kvcore._hits import hash_and_alignment
 from kvcore._planning.alignment import align_state_pages
 from kvcore._planning.group_size import GROUP_SIZE_RULES
-from kvcore._planning.grouping import get_kv_cache_groups
+from kvcore._planning.grouping import get_kv_cache_groups, natural_page_groups
 from kvcore._planning.layout import bytes_per_block
 from kvcore._planning.memory import parse_memory
 from kvcore._planning.model_config import ModelConfig, build_layer_specs, load_model_config
-from kvcore._planning.report import GroupReport, group_reports, short_layer_list
+from kvcore._planning.notes import shared_notes, two_level_notes
+from kvcore._planning.page_classes import PageClasses, page_classes
+from kvcore._planning.pool_choice import (
+    PoolChoice,
+    ResolvedPool,
+    check_pool,
+    check_shared_checkpoint,
+    checkpoint_states,
+    resolve_pool,
+)
+from kvcore._planning.report import GroupReport, group_reports
 from kvcore._planning.sizing import (
     blocks_per_request,
     check_fits,
@@ -24,9 +35,10 @@ from kvcore._planning.sizing import (
     max_concurrency,
     memory_needed,
 )
+from kvcore._planning.summary import plan_summary
+from kvcore._planning.two_level import large_pages_per_request, two_level_config, two_level_waste
 from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
-from kvcore._utils import format_bytes
 from kvcore.errors import InvalidConfigError
 from kvcore.specs import KVCacheSpec, KVFormat, TokenLimits
 
@@ -77,6 +89,15 @@ class KVCachePlan:
             given): the model's, lowered to the longest request that fits.
         num_blocks_given: The block count was given (``num_blocks``), not
             derived from ``memory_bytes``, which then sized nothing.
+        pool: ``"shared"`` (one page size for every group) or ``"two-level"``
+            (large pages carved into small pages of each group's natural
+            page); ``pool="auto"`` resolved.
+        page_classes: The page classes and the large page of a two-level
+            pool (``None`` for the shared pool or a model without groups).
+        mamba_checkpoint: Tokens between two cached states of a state group
+            (its block size), when the model keeps states on a grid.
+        hit_alignment: Every prefix hit is a multiple of this many tokens: the
+            lcm of the block sizes of the groups that can be prefix-cached.
     """
 
     model: str
@@ -93,6 +114,10 @@ class KVCachePlan:
     notes: tuple[str, ...] = ()
     max_model_len_fitted: bool = False
     num_blocks_given: bool = False
+    pool: ResolvedPool = "shared"
+    page_classes: PageClasses | None = None
+    mamba_checkpoint: int | None = None
+    hit_alignment: int = 1
 
     @property
     def max_model_len(self) -> int:
@@ -101,7 +126,7 @@ class KVCachePlan:
 
     @property
     def num_blocks(self) -> int:
-        """Blocks in the pool, the null block included."""
+        """Blocks in the pool, the null block included; large pages in a two-level pool."""
         return self.kv_cache_config.num_blocks
 
     @property
@@ -111,8 +136,22 @@ class KVCachePlan:
 
     @property
     def blocks_per_request(self) -> int:
-        """Blocks one request of :attr:`max_model_len` tokens holds across all groups."""
+        """Blocks one request of :attr:`max_model_len` tokens holds across all groups.
+
+        In a two-level pool these are small pages of the groups' classes.
+        """
         return blocks_per_request(self.kv_cache_config.kv_cache_groups, self.limits)
+
+    @property
+    def large_pages_per_request(self) -> int:
+        """Large pages one request of :attr:`max_model_len` tokens holds alone (0: shared pool).
+
+        Per page class, its small pages rounded up to whole large pages.
+        """
+        if self.page_classes is None:
+            return 0
+        groups = self.kv_cache_config.kv_cache_groups
+        return large_pages_per_request(groups, self.page_classes, self.limits)
 
     @property
     def max_concurrency(self) -> float:
@@ -126,8 +165,13 @@ class KVCachePlan:
 
     @property
     def memory_needed_bytes(self) -> int:
-        """Bytes one request of :attr:`max_model_len` tokens needs (null block included)."""
-        return memory_needed(self.kv_cache_config.kv_cache_groups, self.limits)
+        """Bytes one request of :attr:`max_model_len` tokens needs (null block included).
+
+        In a two-level pool: whole large pages per class, and large page 0.
+        """
+        return memory_needed(
+            self.kv_cache_config.kv_cache_groups, self.limits, classes=self.page_classes
+        )
 
     @property
     def wasted_bytes_per_request(self) -> int:
@@ -136,14 +180,42 @@ class KVCachePlan:
 
     @property
     def waste_fraction(self) -> float:
-        """Share of a longest request's bytes that no layer uses (0.0 to 1.0)."""
+        """Share of the pool that holds no KV when it is full of longest requests (0.0 to 1.0).
+
+        Shared pool: the share of a longest request's bytes no layer uses (the
+        null block is not counted). Two-level pool: :attr:`wasted_bytes` over
+        the pool's bytes.
+        """
+        if self.page_classes is not None:
+            size = self.kv_cache_config.size_bytes
+            return self.wasted_bytes / size if size else 0.0
         total = self.bytes_per_block * self.blocks_per_request
         return self.wasted_bytes_per_request / total if total else 0.0
 
     @property
     def wasted_bytes(self) -> int:
-        """Bytes of the pool wasted when it is full of requests of :attr:`max_model_len` tokens."""
+        """Bytes of the pool wasted when it is full of requests of :attr:`max_model_len` tokens.
+
+        In a two-level pool large page 0 is counted too (see :attr:`waste_breakdown`).
+        """
+        if self.page_classes is not None:
+            return sum(self.waste_breakdown.values())
         return int(self.waste_fraction * self.kv_cache_config.size_bytes)
+
+    @property
+    def waste_breakdown(self) -> dict[str, int]:
+        """Where :attr:`wasted_bytes` go in a two-level pool (empty for the shared pool).
+
+        ``"reserved large page"`` (large page 0, the null blocks), ``"class
+        padding"`` (small pages padded to divide the large page), ``"padding
+        layer slots"`` (runs a group with fewer layers leaves empty) and
+        ``"padded pages"`` (pages smaller than their group's page), in bytes.
+        """
+        classes = self.page_classes
+        if classes is None:
+            return {}
+        groups = self.kv_cache_config.kv_cache_groups
+        return two_level_waste(groups, classes, self.limits, self.num_blocks)
 
     @property
     def padding_slots(self) -> int:
@@ -180,6 +252,10 @@ class KVCachePlan:
             "notes": list(self.notes),
             "groups": [group.to_dict() for group in self.groups],
             "kv_cache_config": self.kv_cache_config.to_dict(),
+            "pool": self.pool,
+            "mamba_checkpoint": self.mamba_checkpoint,
+            "hit_alignment": self.hit_alignment,
+            "page_classes": self._page_classes_dict(),
         }
         if self.reference is not None:
             reference = self.reference.to_dict()
@@ -187,160 +263,29 @@ class KVCachePlan:
             data["reference"] = reference
         return data
 
+    def _page_classes_dict(self) -> dict[str, Any] | None:
+        """The page classes, the large pages a request holds and the waste, for JSON."""
+        classes = self.page_classes
+        if classes is None:
+            return None
+        return {
+            **attrs.asdict(classes),
+            "pages_per_large_page": [
+                classes.pages_per_large_page(c) for c in range(classes.num_classes)
+            ],
+            "bytes_per_large_page": classes.bytes_per_large_page,
+            "large_pages_per_request": self.large_pages_per_request,
+            "waste_breakdown": self.waste_breakdown,
+        }
+
     def summary(self) -> str:
-        """The plan as a few lines of text: groups, blocks, capacity, waste."""
-        kinds: dict[str, int] = {}
-        for spec in self.layer_specs.values():
-            kinds[spec.kind] = kinds.get(spec.kind, 0) + 1
-        described = ", ".join(f"{count} {kind}" for kind, count in kinds.items()) or "none"
-        if self.max_model_len == self.model_max_len:
-            fitted = "model maximum"
-        elif self.max_model_len_fitted:
-            fitted = f"fitted to memory; model maximum {self.model_max_len}"
-        else:
-            fitted = f"given; model maximum {self.model_max_len}"
-        size = format_bytes(self.kv_cache_config.size_bytes)
-        memory = (
-            f"{self.num_blocks} blocks given ({size})"
-            if self.num_blocks_given
-            else f"memory {format_bytes(self.memory_bytes)}"
-        )
-        lines = [
-            f"{self.model}: {len(self.layer_specs)} cache layers ({described})",
-            f"{memory}, max_model_len {self.max_model_len} "
-            f"({fitted}), {self.limits.batched_tokens} batched tokens per step, "
-            f"{self.kv_cache_config.layout.replace('_', '-')} layout, "
-            f"{self.group_size_rule} group size"
-            + ("" if self.hybrid else ", hybrid manager disabled"),
-            "",
-            *self._group_table(),
-        ]
-        if not self.groups:
-            lines.append("    (no layer holds a KV cache: attention-free model)")
-        lines += [
-            "",
-            f"blocks:          {self.num_blocks} of {format_bytes(self.bytes_per_block)} "
-            f"({format_bytes(self.kv_cache_config.size_bytes)} in all)",
-            f"one request:     {self.blocks_per_request} blocks, "
-            f"{format_bytes(self.memory_needed_bytes)} at {self.max_model_len} tokens",
-            f"token capacity:  {self.token_capacity} tokens",
-            f"max concurrency: {self.max_concurrency:.2f} requests of {self.max_model_len} tokens",
-            f"wasted:          {format_bytes(self.wasted_bytes)} ({self.waste_fraction:.2%} "
-            f"of the pool at max_model_len; {self.padding_slots} padding layer slots)",
-        ]
-        if self.notes:
-            lines += ["", *(f"note: {note}" for note in self.notes)]
-        if self.reference is not None:
-            lines += ["", "group size rules side by side:"]
-            for label, other in (("reference", self.reference), (self.group_size_rule, self)):
-                lines.append(
-                    f"  {label + ':':<11}{len(other.groups)} groups, {other.padding_slots} "
-                    f"padding slots, {other.num_blocks} blocks, max concurrency "
-                    f"{other.max_concurrency:.2f}, wasted {format_bytes(other.wasted_bytes)} "
-                    f"({other.waste_fraction:.2%})"
-                )
-        return "\n".join(lines)
+        """The plan as a few lines of text: groups, blocks, capacity, waste.
 
-    def _group_table(self) -> list[str]:
-        """The header and one line per group, each column as wide as its widest cell.
-
-        A column is at least as wide as before (the usual table is unchanged);
-        a long cell (a page of several sizes, a long kind) widens its column
-        instead of running into the next.
+        For a two-level pool also the page classes (page, small pages per
+        large page, padding, groups), the large pages, where the waste goes
+        and the token grid prefix hits land on.
         """
-        header = ("group", "type", "layers", "which", "block", "page", "blocks/req",
-                  "waste/block")
-        rows = _group_rows(self.groups)
-        minimum = (5, 24, 7, 22, 7, 12, 12, 13)
-        left = {1, 3}  # type and which are left-aligned, numbers right-aligned
-        widths = [
-            max(minimum[i], *(len(row[i]) + (2 if i not in left else 1) for row in rows))
-            if rows else minimum[i]
-            for i in range(len(header))
-        ]
-
-        def line(cells: Sequence[str]) -> str:
-            out = f"{cells[0]:>{widths[0]}}  "
-            for i in range(1, len(cells)):
-                out += f"{cells[i]:<{widths[i]}}" if i in left else f"{cells[i]:>{widths[i]}}"
-                if i == 2:
-                    out += "  "
-            return out
-
-        return [line(header), *(line(row) for row in rows)]
-
-
-def _group_rows(groups: Sequence[Any]) -> list[tuple[str, ...]]:
-    """The group table's cells: one row per group (a page of several sizes joined by /)."""
-    return [
-        (
-            str(group.index),
-            group.kind,
-            str(group.num_layers),
-            short_layer_list(group.layer_names),
-            str(group.block_size),
-            "/".join(format_bytes(p) for p in group.page_sizes),
-            str(group.pages_per_request),
-            format_bytes(group.wasted_bytes_per_block),
-        )
-        for group in groups
-    ]
-
-
-def _notes(
-    layer_specs: dict[str, KVCacheSpec],
-    aligned: dict[str, KVCacheSpec],
-    groups: list[KVCacheGroupSpec],
-    limits: TokenLimits,
-    model_max_len: int,
-    hybrid: bool,
-    *,
-    fitted: bool,
-) -> tuple[str, ...]:
-    """One sentence per change planning made to fit the layers together."""
-    notes = []
-    raised = {
-        (spec.block_size, aligned[name].block_size)
-        for name, spec in layer_specs.items()
-        if spec.page_size_follows_block_size and aligned[name].block_size != spec.block_size
-    }
-    if raised:
-        (before, after), *_ = sorted(raised)
-        states = [s for s in aligned.values() if not s.page_size_follows_block_size]
-        largest = max(s.real_page_size_bytes for s in states)
-        notes.append(
-            f"attention block size raised from {before} to {after} tokens so that a page "
-            f"holds a {largest}-byte recurrent state"
-        )
-    final = {name: spec for group in groups for name, spec in group.items()}
-    padded: dict[str, int] = {}
-    for spec in final.values():
-        if spec.page_size_bytes != spec.real_page_size_bytes:
-            padded[spec.kind] = padded.get(spec.kind, 0) + 1
-    if padded:
-        which = ", ".join(f"{count} {kind}" for kind, count in padded.items())
-        notes.append(f"pages padded to the common page size: {which} layers")
-    promoted: dict[tuple[str, str], int] = {}
-    for name, spec in final.items():
-        if type(spec) is not type(layer_specs[name]):
-            key = (layer_specs[name].kind, spec.kind)
-            promoted[key] = promoted.get(key, 0) + 1
-    reason = (
-        "the hybrid manager is disabled"
-        if not hybrid
-        else "their pages cannot be unified with the others (allocation-only fallback)"
-    )
-    for (kind, as_kind), count in promoted.items():
-        notes.append(
-            f"{count} {kind} layers allocated as {as_kind} because {reason}; their attention "
-            "compute is unchanged, their memory savings are lost"
-        )
-    if fitted and limits.max_model_len < model_max_len:
-        notes.append(
-            f"max_model_len lowered from the model's {model_max_len} to {limits.max_model_len} "
-            "tokens, the longest request that fits"
-        )
-    return tuple(notes)
+        return plan_summary(self)
 
 
 def _positive(name: str, value: object) -> int:
@@ -350,31 +295,133 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
-def _assemble(
+@attrs.frozen(kw_only=True)
+class _Planner:
+    """What every assembly of one :func:`plan` call shares: the specs, memory and choices."""
+
+    cfg: ModelConfig
+    layer_specs: dict[str, KVCacheSpec]
+    specs: dict[str, KVCacheSpec]  # aligned (shared pool) or checkpointed (two-level)
+    registry: Registry
+    memory_bytes: int
+    num_blocks: int | None
+    layout: KVCacheLayout
+    hybrid: bool
+    fit: bool
+    pool: ResolvedPool
+
+    def groups(self, rule: str, limits: TokenLimits) -> list[KVCacheGroupSpec]:
+        """The groups of the pool's design, each served by a selected plugin."""
+        if self.pool == "shared":
+            groups = get_kv_cache_groups(
+                self.specs, hybrid=self.hybrid, layout=self.layout, group_size_rule=rule,
+                limits=limits,
+            )
+        else:
+            groups = natural_page_groups(
+                self.specs, hybrid=self.hybrid, group_size_rule=rule, limits=limits
+            )
+        for kv_group in groups:
+            self.registry.manager_class(kv_group.kv_cache_spec)
+        return groups
+
+    def assemble(self, rule: str, limits: TokenLimits, *, sized: bool) -> KVCachePlan:
+        """The plan with group size ``rule``; ``sized``: checked (or fitted) against the memory."""
+        groups = self.groups(rule, limits)
+        classes = page_classes(groups, self.layout) if self.pool != "shared" and groups else None
+        if sized:
+            limits = _fitted(groups, self._available(groups, classes), limits, fit=self.fit,
+                             classes=classes)
+        if classes is None:
+            config = get_kv_cache_config(
+                groups, self.memory_bytes, num_blocks=self.num_blocks, layout=self.layout
+            )
+        else:
+            config = two_level_config(
+                groups, classes, self.memory_bytes, num_large_pages=self.num_blocks
+            )
+        return KVCachePlan(
+            model=self.cfg.name,
+            source=self.cfg.source,
+            kv_cache_config=config,
+            layer_specs=self.layer_specs,
+            limits=limits,
+            model_max_len=self.cfg.max_model_len,
+            memory_bytes=self.memory_bytes,
+            groups=tuple(group_reports(groups, limits, classes)),
+            group_size_rule=rule,
+            hybrid=self.hybrid,
+            pool=self.pool,
+            page_classes=classes,
+            hit_alignment=self._hit_alignment(groups),
+        )
+
+    def _available(self, groups: list[KVCacheGroupSpec], classes: PageClasses | None) -> int:
+        """Bytes to size for: the memory, or what ``num_blocks`` blocks (large pages) cost."""
+        if self.num_blocks is None:
+            return self.memory_bytes
+        unit = bytes_per_block(groups) if classes is None else classes.bytes_per_large_page
+        return self.num_blocks * unit
+
+    def _hit_alignment(self, groups: list[KVCacheGroupSpec]) -> int:
+        """The token multiple every prefix hit is (the hit rule's lcm of cached block sizes)."""
+        specs = [group.kv_cache_spec for group in groups]
+        cacheable = [self.registry.manager_class(s).is_prefix_cacheable(s) for s in specs]
+        return hash_and_alignment(specs, cacheable)[1]
+
+
+def _planner(
     cfg: ModelConfig,
     layer_specs: dict[str, KVCacheSpec],
-    groups: list[KVCacheGroupSpec],
-    limits: TokenLimits,
-    memory_bytes: int,
     *,
-    num_blocks: int | None,
-    layout: KVCacheLayout,
-    rule: str,
-    hybrid: bool,
-) -> KVCachePlan:
-    config = get_kv_cache_config(groups, memory_bytes, num_blocks=num_blocks, layout=layout)
-    return KVCachePlan(
-        model=cfg.name,
-        source=cfg.source,
-        kv_cache_config=config,
-        layer_specs=layer_specs,
-        limits=limits,
-        model_max_len=cfg.max_model_len,
-        memory_bytes=memory_bytes,
-        groups=tuple(group_reports(groups, limits)),
-        group_size_rule=rule,
-        hybrid=hybrid,
-    )
+    pool: object,
+    mamba_checkpoint: int | None,
+    block_size: int,
+    **shared: Any,
+) -> tuple[_Planner, int | None, str | None]:
+    """The planner of the pool asked for, the state checkpoint grid it uses, and why.
+
+    The third value is a manager's refusal of the default grid (the grid
+    then is the attention block size), else ``None``.
+    """
+    resolved = resolve_pool(pool, layer_specs)
+    if resolved == "shared":
+        specs = align_state_pages(layer_specs)
+        check_shared_checkpoint(specs, mamba_checkpoint, model=cfg.name)
+        checkpoint = mamba_checkpoint
+        refused = None
+    else:
+        specs, checkpoint = checkpoint_states(
+            layer_specs, mamba_checkpoint, block_size=block_size, model=cfg.name
+        )
+        refused = None
+        if mamba_checkpoint is None and checkpoint is not None:
+            refused = _refused_grid(specs, shared["registry"])
+            if refused is not None:
+                specs, checkpoint = checkpoint_states(
+                    layer_specs, block_size, block_size=block_size, model=cfg.name
+                )
+    planner = _Planner(cfg=cfg, layer_specs=layer_specs, specs=specs, pool=resolved, **shared)
+    return planner, checkpoint, refused
+
+
+def _refused_grid(specs: Mapping[str, KVCacheSpec], registry: Registry) -> str | None:
+    """Why a manager refuses the hit grid of ``specs`` with prefix caching on, or ``None``.
+
+    A type whose hit search cannot align its hits to more than its own block
+    (chunked local attention) refuses states checkpointed more coarsely.
+    """
+    distinct = list(dict.fromkeys(specs.values()))
+    classes = [registry.manager_class(spec) for spec in distinct]
+    cacheable = [cls.is_prefix_cacheable(s) for cls, s in zip(classes, distinct, strict=True)]
+    alignment = hash_and_alignment(distinct, cacheable)[1]
+    for cls, spec in zip(classes, distinct, strict=True):
+        try:
+            cls.validate_config(spec, enable_caching=True, use_eagle=False,
+                                alignment_tokens=alignment)
+        except InvalidConfigError as exc:
+            return str(exc)
+    return None
 
 
 def plan(
@@ -391,14 +438,19 @@ def plan(
     layout: KVCacheLayout = "layer_outer",
     hybrid: bool = True,
     options: Mapping[str, str] | None = None,
+    pool: PoolChoice = "auto",
+    mamba_checkpoint: int | None = None,
 ) -> KVCachePlan:
     """Plan the KV cache of a model in an amount of memory.
 
     Reads the model's config, builds every layer's spec through the plugins
-    (:func:`~kvcore.hookspecs.kvcore_layer_kinds`), aligns state pages with
-    attention pages, groups the layers (:func:`kvcore.planning.get_kv_cache_groups`),
+    (:func:`~kvcore.hookspecs.kvcore_layer_kinds`), groups the layers,
     checks that one request of ``max_model_len`` tokens fits, and sizes the
-    pool.
+    pool. For the shared pool it first aligns state pages with attention
+    pages and groups by one page size
+    (:func:`kvcore.planning.get_kv_cache_groups`); for the two-level pool
+    every group keeps its natural block size and page, and the groups' pages
+    become page classes carved from large pages.
 
     Args:
         model: A shipped model name (:func:`kvcore.planning.list_models`), a path to a
@@ -409,8 +461,9 @@ def plan(
         max_model_len: Longest request, in tokens. ``None`` or ``-1`` (the
             reference engine's spelling): the model's context length, lowered
             to the longest that fits the memory. Given explicitly, it must fit.
-        block_size: Tokens per attention block (default 16); raised for
-            models with state layers until an attention page holds a state.
+        block_size: Tokens per attention block (default 16); under the shared
+            pool raised for models with state layers until an attention page
+            holds a state.
         dtype: KV cache dtype: a plain dtype (``"bfloat16"``, ``"fp8"``, ...)
             or a KV format a selected plugin declares (``"nvfp4"``, or the
             :class:`~kvcore.specs.KVFormat`), for every attention layer whose
@@ -422,13 +475,25 @@ def plan(
             carries the reference plan for comparison).
         max_num_batched_tokens: Tokens scheduled per step (default 8192):
             sliding-window and chunked layers keep that many beyond the window.
-        num_blocks: Use this many blocks instead of what ``memory`` holds.
+        num_blocks: Use this many blocks instead of what ``memory`` holds
+            (large pages, under the two-level pool).
         layout: ``"layer_outer"`` or ``"block_outer"`` (pages of different
             sizes packed side by side instead of unified).
         hybrid: ``False``: allocate the layers of local types for every
             token, in one block table (engines without the hybrid manager).
         options: Plugins' plan options, ``"<plugin>.<option>"`` → value
             (``{"mamba.cache_mode": "none"}``); ``kvcore plugins`` lists them.
+        pool: ``"auto"`` (default): ``"two-level"`` where the layers' natural
+            pages differ, else ``"shared"``. ``"shared"``: one page size for
+            every group, as the reference engine plans. ``"two-level"``:
+            every group keeps its natural page, carved from large pages.
+        mamba_checkpoint: Tokens between two cached states of a state group
+            (Mamba, linear attention) in the ``"align"`` cache mode: a
+            positive multiple of ``block_size``; default 512 (rounded up to
+            a multiple of ``block_size``), or ``block_size`` when a group's
+            manager refuses hits aligned past its own block (the plan's
+            notes say so). Under the shared pool the states follow the
+            raised attention block size, so only that value is accepted.
 
     Returns:
         The plan; ``plan.kv_cache_config`` and ``plan.max_model_len`` build a
@@ -439,8 +504,9 @@ def plan(
             ones), a malformed config (naming the file and the field), a
             ``dtype`` that is neither a plain dtype nor a declared KV format
             (the message lists both), bad option (a plan option no selected
-            plugin declares, or a value it does not accept), or layers that
-            cannot be grouped.
+            plugin declares, or a value it does not accept), an unknown
+            ``pool``, a ``mamba_checkpoint`` the pool cannot give (the message
+            names the valid values), or layers that cannot be grouped.
         InsufficientMemoryError: (an ``InvalidConfigError``) the memory cannot
             hold one request of ``max_model_len`` tokens (or, when fitting, of
             one token); the message states the memory needed.
@@ -454,6 +520,7 @@ def plan(
             f"group_size_rule must be one of {', '.join(GROUP_SIZE_RULES)}, got {group_size_rule!r}"
         )
         raise InvalidConfigError(msg)
+    check_pool(pool)
     registry.plan_option_values(options)  # an unknown option fails before anything is built
     memory_bytes = parse_memory(memory)
     block = _positive("block_size", DEFAULT_BLOCK_SIZE if block_size is None else block_size)
@@ -469,38 +536,32 @@ def plan(
         max_model_len=limits.max_model_len,
         options=options,
     )
-    aligned = align_state_pages(layer_specs)
-
-    def assemble(rule: str, limits: TokenLimits, *, sized: bool) -> KVCachePlan:
-        groups = get_kv_cache_groups(
-            aligned, hybrid=hybrid, layout=layout, group_size_rule=rule, limits=limits
-        )
-        for kv_group in groups:
-            registry.manager_class(kv_group.kv_cache_spec)
-        if sized:
-            available = memory_bytes if num_blocks is None else num_blocks * bytes_per_block(groups)
-            limits = _fitted(groups, available, limits, fit=fit)
-        return _assemble(
-            cfg,
-            layer_specs,
-            groups,
-            limits,
-            memory_bytes,
-            num_blocks=num_blocks,
-            layout=layout,
-            rule=rule,
-            hybrid=hybrid,
-        )
-
-    result = assemble(group_size_rule, limits, sized=True)
+    planner, checkpoint, refused = _planner(
+        cfg, layer_specs, pool=pool, mamba_checkpoint=mamba_checkpoint, block_size=block,
+        registry=registry, memory_bytes=memory_bytes, num_blocks=num_blocks, layout=layout,
+        hybrid=hybrid, fit=fit,
+    )
+    result = planner.assemble(group_size_rule, limits, sized=True)
     if group_size_rule != "reference":
-        reference = assemble("reference", result.limits, sized=False)
+        reference = planner.assemble("reference", result.limits, sized=False)
         result = attrs.evolve(result, reference=reference)
     groups = list(result.kv_cache_config.kv_cache_groups)
     model_max_len = cfg.max_model_len
-    notes = _notes(layer_specs, aligned, groups, result.limits, model_max_len, hybrid, fitted=fit)
+    if planner.pool == "shared":
+        notes = shared_notes(
+            layer_specs, planner.specs, groups, result.limits, model_max_len, hybrid, fitted=fit
+        )
+    else:
+        notes = two_level_notes(
+            layer_specs, groups, result.limits, model_max_len, checkpoint=checkpoint,
+            block_size=block, refused=refused, fitted=fit,
+        )
     return attrs.evolve(
-        result, notes=notes, max_model_len_fitted=fit, num_blocks_given=num_blocks is not None
+        result,
+        notes=notes,
+        max_model_len_fitted=fit,
+        num_blocks_given=num_blocks is not None,
+        mamba_checkpoint=checkpoint,
     )
 
 
@@ -534,7 +595,12 @@ def _token_limits(
 
 
 def _fitted(
-    groups: list[KVCacheGroupSpec], available: int, limits: TokenLimits, *, fit: bool
+    groups: list[KVCacheGroupSpec],
+    available: int,
+    limits: TokenLimits,
+    *,
+    fit: bool,
+    classes: PageClasses | None,
 ) -> TokenLimits:
     """``limits`` checked against ``available`` bytes; with ``fit``, the longest request that fits.
 
@@ -544,11 +610,11 @@ def _fitted(
     if not groups:
         return limits
     if not fit:
-        check_fits(groups, available, limits)
+        check_fits(groups, available, limits, classes=classes)
         return limits
-    fitted = fit_max_model_len(groups, available, limits)
+    fitted = fit_max_model_len(groups, available, limits, classes=classes)
     if fitted == 0:
-        check_fits(groups, available, attrs.evolve(limits, max_model_len=1))
+        check_fits(groups, available, attrs.evolve(limits, max_model_len=1), classes=classes)
     return attrs.evolve(limits, max_model_len=fitted)
 
 

@@ -6,6 +6,11 @@ slots (a *padding* slot: ``bytes_per_block - group's pages``) or with padded
 pages (``page - real page`` per layer) wastes bytes for as long as the group
 holds it. The bytes a request wastes are therefore each group's waste per
 block times the blocks the request holds in that group.
+
+In a two-level pool a block costs its group's class page in every backing
+run: the waste per block is then the class padding (a small page padded to
+divide the large page), the runs a layer-outer group with fewer layers leaves
+empty (padding slots) and pages smaller than the group's page.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import attrs
 
 from kvcore._config import KVCacheGroupSpec
 from kvcore._planning.layout import bytes_per_block
-from kvcore._planning.sizing import pages_per_request
+from kvcore._planning.needs import pages_per_request
+from kvcore._planning.page_classes import PageClasses
+from kvcore._planning.two_level import block_waste
 from kvcore.specs import TokenLimits
 
 __all__ = ["GroupReport", "group_reports", "short_layer_list"]
@@ -46,6 +53,8 @@ class GroupReport:
             holds in this group.
         padding_slots: Layer slots left empty, when the group's pages all have
             one size (else 0).
+        page_class: The group's page class in a two-level pool (``None``: the
+            shared pool).
     """
 
     index: int
@@ -60,6 +69,7 @@ class GroupReport:
     padded_page_bytes_per_block: int
     pages_per_request: int
     padding_slots: int
+    page_class: int | None = None
 
     @property
     def num_layers(self) -> int:
@@ -85,17 +95,37 @@ class GroupReport:
         fields["num_layers"] = self.num_layers
         fields["wasted_bytes_per_block"] = self.wasted_bytes_per_block
         fields["wasted_bytes_per_request"] = self.wasted_bytes_per_request
+        if self.page_class is None:
+            del fields["page_class"]
         return fields
 
 
-def group_reports(groups: Sequence[KVCacheGroupSpec], limits: TokenLimits) -> list[GroupReport]:
-    """A :class:`GroupReport` per group, with ``limits`` deciding blocks per request."""
+def group_reports(
+    groups: Sequence[KVCacheGroupSpec],
+    limits: TokenLimits,
+    classes: PageClasses | None = None,
+) -> list[GroupReport]:
+    """A :class:`GroupReport` per group, with ``limits`` deciding blocks per request.
+
+    ``classes``: the page classes of a two-level pool (``None``: the shared pool).
+    """
     widest = bytes_per_block(groups)
     reports = []
     for index, group in enumerate(groups):
         specs = [spec for _, spec in group.items()]
         pages = sorted({spec.page_size_bytes for spec in specs})
-        padding = widest - group.bytes_per_block
+        real = sum(spec.real_page_size_bytes for spec in specs)
+        if classes is None:
+            padding = widest - group.bytes_per_block
+            slots = padding // pages[0] if len(pages) == 1 else 0
+            padded = group.bytes_per_block - real
+            klass = None
+        else:
+            klass = classes.group_classes[index]
+            slots = classes.num_runs - len(specs) if classes.layout == "layer_outer" else 0
+            waste = block_waste(classes, index, group)
+            padding = waste["padding layer slots"]
+            padded = waste["class padding"] + waste["padded pages"]
         reports.append(
             GroupReport(
                 index=index,
@@ -107,11 +137,10 @@ def group_reports(groups: Sequence[KVCacheGroupSpec], limits: TokenLimits) -> li
                 real_page_sizes=tuple(sorted({spec.real_page_size_bytes for spec in specs})),
                 bytes_per_block=group.bytes_per_block,
                 padding_bytes_per_block=padding,
-                padded_page_bytes_per_block=sum(
-                    spec.page_size_bytes - spec.real_page_size_bytes for spec in specs
-                ),
+                padded_page_bytes_per_block=padded,
                 pages_per_request=pages_per_request(group, limits),
-                padding_slots=padding // pages[0] if len(pages) == 1 else 0,
+                padding_slots=slots,
+                page_class=klass,
             )
         )
     return reports

@@ -1,12 +1,12 @@
 """Sizing: blocks from memory, the fit of one longest request, concurrency.
 
 A request holds, in every group, at most the blocks its spec needs for the
-longest admitted request (``ceil(max memory / page)``: every block of the
-context for full attention, the window plus one step for a sliding window,
-a few state slots for Mamba). Every block costs ``bytes_per_block`` (the
-widest group) whichever group owns it, so one longest request needs
-``bytes_per_block × Σ_groups blocks`` bytes, plus the blocks types reserve
-once per pool (attention sinks) and the null block.
+longest admitted request (:mod:`.needs`). In the shared pool every block
+costs ``bytes_per_block`` (the widest group) whichever group owns it, so one
+longest request needs ``bytes_per_block × Σ_groups blocks`` bytes, plus the
+blocks types reserve once per pool (attention sinks) and the null block. In
+a two-level pool (``classes`` given) it needs whole large pages per page
+class (:mod:`.two_level`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ from kvcore._block_pool import MAX_NUM_BLOCKS
 from kvcore._config import KVCacheConfig, KVCacheGroupSpec, KVCacheLayout
 from kvcore._planning.grouping import get_kv_cache_groups
 from kvcore._planning.layout import bytes_per_block, check_layout, layout_tensors
-from kvcore._utils import cdiv, format_bytes
+from kvcore._planning.needs import blocks_per_request, pages_per_request, reserved_blocks
+from kvcore._planning.page_classes import PageClasses
+from kvcore._planning.two_level import memory_needed_two_level, two_level_concurrency
+from kvcore._utils import format_bytes
 from kvcore.errors import InsufficientMemoryError, InvalidConfigError, PoolTooLargeError
 from kvcore.specs import KVCacheSpec, TokenLimits
 
@@ -38,28 +41,19 @@ __all__ = [
 ]
 
 
-def pages_per_request(group: KVCacheGroupSpec, limits: TokenLimits) -> int:
-    """Blocks one request of the longest admitted length holds in ``group``.
+def memory_needed(
+    groups: Sequence[KVCacheGroupSpec],
+    limits: TokenLimits,
+    *,
+    classes: PageClasses | None = None,
+) -> int:
+    """Bytes for one longest request: its blocks, the reserved blocks and the null block.
 
-    For a group whose layers have different pages, the largest count over its
-    layers (every block holds one page of every layer).
+    With ``classes`` (a two-level pool): whole large pages per class and large
+    page 0.
     """
-    specs = {group.kv_cache_spec} if group.layer_specs is None else set(group.layer_specs)
-    return max(cdiv(s.max_memory_usage_bytes(limits), s.page_size_bytes) for s in specs)
-
-
-def blocks_per_request(groups: Sequence[KVCacheGroupSpec], limits: TokenLimits) -> int:
-    """Blocks one longest request holds across all groups."""
-    return sum(pages_per_request(group, limits) for group in groups)
-
-
-def reserved_blocks(groups: Sequence[KVCacheGroupSpec]) -> int:
-    """Blocks the groups' managers take out of the pool once (attention sinks)."""
-    return sum(group.kv_cache_spec.pool_reserved_blocks for group in groups)
-
-
-def memory_needed(groups: Sequence[KVCacheGroupSpec], limits: TokenLimits) -> int:
-    """Bytes for one longest request: its blocks, the reserved blocks and the null block."""
+    if classes is not None:
+        return memory_needed_two_level(groups, classes, limits)
     if not groups:
         return 0
     blocks = blocks_per_request(groups, limits) + reserved_blocks(groups) + 1
@@ -67,19 +61,25 @@ def memory_needed(groups: Sequence[KVCacheGroupSpec], limits: TokenLimits) -> in
 
 
 def fit_max_model_len(
-    groups: Sequence[KVCacheGroupSpec], available_memory: int, limits: TokenLimits
+    groups: Sequence[KVCacheGroupSpec],
+    available_memory: int,
+    limits: TokenLimits,
+    *,
+    classes: PageClasses | None = None,
 ) -> int:
     """The longest ``max_model_len`` in ``[1, limits.max_model_len]`` whose request fits.
 
     What ``max_model_len=-1`` asks :func:`kvcore.plan` for (the reference
     engine's auto-fit). A binary search on the bytes one longest request
     needs: its blocks in every group, the blocks reserved once per pool and
-    the null block, each block costing the widest group's bytes.
+    the null block, each block costing the widest group's bytes (with
+    ``classes``, the large pages of a two-level pool).
 
     Args:
         groups: The KV cache groups.
         available_memory: Bytes for the KV cache.
         limits: Token limits; ``limits.max_model_len`` is the upper bound.
+        classes: The page classes of a two-level pool; ``None``: the shared pool.
 
     Returns:
         The length in tokens; 0 if not even one token fits.
@@ -89,7 +89,7 @@ def fit_max_model_len(
 
     def fits(length: int) -> bool:
         trial = attrs.evolve(limits, max_model_len=length)
-        return memory_needed(groups, trial) <= available_memory
+        return memory_needed(groups, trial, classes=classes) <= available_memory
 
     low, high, best = 1, limits.max_model_len, 0
     while low <= high:
@@ -102,35 +102,50 @@ def fit_max_model_len(
 
 
 def check_fits(
-    groups: Sequence[KVCacheGroupSpec], available_memory: int, limits: TokenLimits
+    groups: Sequence[KVCacheGroupSpec],
+    available_memory: int,
+    limits: TokenLimits,
+    *,
+    classes: PageClasses | None = None,
 ) -> None:
     """Refuse memory that cannot hold one request of ``limits.max_model_len`` tokens.
+
+    ``classes``: the page classes of a two-level pool (``None``: the shared pool).
 
     Raises:
         InsufficientMemoryError: the message states the memory needed, the
             memory given and the longest request that would fit.
     """
-    needed = memory_needed(groups, limits)
+    needed = memory_needed(groups, limits, classes=classes)
     if needed <= available_memory:
         return
-    longest = fit_max_model_len(groups, available_memory, limits)
+    longest = fit_max_model_len(groups, available_memory, limits, classes=classes)
     hint = (
         f"lower max_model_len to at most {longest}"
         if longest
         else "not even a 1-token request fits; give more memory"
     )
+    null = (
+        "the null block"
+        if classes is None
+        else f"large page 0 (the null blocks), in large pages of {classes.bytes_per_large_page} "
+        "bytes"
+    )
     msg = (
         f"one request of max_model_len={limits.max_model_len} tokens needs "
-        f"{needed} bytes ({format_bytes(needed)}) of KV cache, including the null block, "
+        f"{needed} bytes ({format_bytes(needed)}) of KV cache, including {null}, "
         f"but only {available_memory} bytes ({format_bytes(available_memory)}) are "
         f"available: give at least {format_bytes(needed, round_up=True)} ({needed} bytes), "
-        f"or {hint}{_batched_tokens_hint(groups, available_memory, limits)}"
+        f"or {hint}{_batched_tokens_hint(groups, available_memory, limits, classes)}"
     )
     raise InsufficientMemoryError(msg)
 
 
 def _batched_tokens_hint(
-    groups: Sequence[KVCacheGroupSpec], available_memory: int, limits: TokenLimits
+    groups: Sequence[KVCacheGroupSpec],
+    available_memory: int,
+    limits: TokenLimits,
+    classes: PageClasses | None,
 ) -> str:
     """Advice to lower ``max_num_batched_tokens``, when a smaller step budget would fit.
 
@@ -142,13 +157,13 @@ def _batched_tokens_hint(
     if budget <= 1:
         return ""
     smaller = attrs.evolve(limits, max_num_batched_tokens=1)
-    if memory_needed(groups, smaller) > available_memory:
+    if memory_needed(groups, smaller, classes=classes) > available_memory:
         return ""
     low, high = 1, budget - 1  # the largest budget whose request fits
     while low < high:
         middle = (low + high + 1) // 2
         trial = attrs.evolve(limits, max_num_batched_tokens=middle)
-        if memory_needed(groups, trial) <= available_memory:
+        if memory_needed(groups, trial, classes=classes) <= available_memory:
             low = middle
         else:
             high = middle - 1
@@ -215,8 +230,12 @@ def max_concurrency(config: KVCacheConfig, limits: TokenLimits) -> float:
 
     ``num_blocks / Σ_groups blocks per request`` as the reference reports it
     (the null block is counted in the pool), after the blocks reserved once
-    per pool. 0.0 for a config without groups.
+    per pool. 0.0 for a config without groups. With a two-level pool
+    (``config.page_pool``), counted in small pages: the large pages but page 0
+    over the large-page share one request holds.
     """
+    if config.page_pool is not None:
+        return two_level_concurrency(config, limits)
     groups = config.kv_cache_groups
     if not groups:
         return 0.0

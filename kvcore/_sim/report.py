@@ -92,15 +92,18 @@ class PlanSummary:
 
     Attributes:
         memory: The memory asked for (as given, e.g. ``"80GiB"``).
-        num_blocks: Blocks in the pool, the null block included.
+        num_blocks: Blocks in the pool, the null block included (large pages
+            in a two-level pool).
         max_model_len: Longest request.
         groups: The groups, by group id.
+        pool: ``"shared"`` or ``"two-level"``.
     """
 
     memory: str
     num_blocks: int
     max_model_len: int
     groups: tuple[GroupPlan, ...]
+    pool: str = "shared"
 
 
 @attrs.frozen(kw_only=True)
@@ -422,7 +425,8 @@ def format_report(report: SimulationReport) -> str:
     belady = report.belady_rate
     lines = [
         f"kvcore simulate: {report.model} on {wl.name}",
-        f"  plan         {groups}; {plan.num_blocks:,} blocks, "
+        f"  plan         {groups}; {plan.num_blocks:,} "
+        f"{'large pages (two-level pool)' if plan.pool == 'two-level' else 'blocks'}, "
         f"max_model_len {plan.max_model_len:,}, {plan.memory}",
         f"  scheduler    {sched.max_num_batched_tokens:,} tokens/step, "
         f"<= {sched.max_num_seqs} running, arrivals {sched.arrival}, step cost "

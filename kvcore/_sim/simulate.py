@@ -14,6 +14,7 @@ from kvcore._hashing import HASH_ALGORITHMS
 from kvcore._kv_cache_manager import KVCacheManager
 from kvcore._planning.plan import KVCachePlan
 from kvcore._planning.plan import plan as make_plan
+from kvcore._planning.pool_choice import PoolChoice, check_pool
 from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
 from kvcore._sim.belady import BeladyPolicy, FutureUses
@@ -47,6 +48,10 @@ DEFAULT_MODEL = "gpt-oss-20b"
 BELADY = "belady"
 
 
+def _pool(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    check_pool(value)
+
+
 def _hash_algorithm(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value not in HASH_ALGORITHMS:
         msg = f"hash algorithm must be one of {', '.join(HASH_ALGORITHMS)}, got {value!r}"
@@ -75,6 +80,10 @@ class SimulationOptions:
             offline oracle, here only) or a factory.
         with_belady: Also replay with the offline oracle and report its hit
             rate next to the policy's (twice the time).
+        pool: ``"auto"`` (default), ``"shared"`` or ``"two-level"``: the pool
+            design the plan is for (see :func:`kvcore.plan`).
+        mamba_checkpoint: Tokens between two cached states of a state group
+            (see :func:`kvcore.plan`); default the planner's.
     """
 
     model: str = DEFAULT_MODEL
@@ -88,6 +97,8 @@ class SimulationOptions:
     scheduler: SchedulerConfig = attrs.field(factory=SchedulerConfig)
     eviction: str | EvictionPolicyFactory = "lru"
     with_belady: bool = False
+    pool: PoolChoice = attrs.field(default="auto", validator=_pool)
+    mamba_checkpoint: int | None = None
 
 
 def _group_plans(config: Any, registry: Registry) -> tuple[GroupPlan, ...]:
@@ -162,7 +173,7 @@ def _replay(
 
 
 def plan_for(options: SimulationOptions, registry: Registry) -> KVCachePlan:
-    """The KV cache plan ``options`` asks for (model, memory, lengths, dtype, budget).
+    """The KV cache plan ``options`` asks for (model, memory, lengths, dtype, budget, pool).
 
     Raises:
         KVCoreError: an unknown model or a plan that cannot be made.
@@ -176,6 +187,8 @@ def plan_for(options: SimulationOptions, registry: Registry) -> KVCachePlan:
         hybrid=options.hybrid,
         registry=registry,
         max_num_batched_tokens=options.scheduler.max_num_batched_tokens,
+        pool=options.pool,
+        mamba_checkpoint=options.mamba_checkpoint,
     )
 
 
@@ -241,12 +254,7 @@ def simulate(
     return SimulationReport(
         model=options.model,
         workload=admitted.summary(workload),
-        plan=PlanSummary(
-            memory=options.memory,
-            num_blocks=plan.kv_cache_config.num_blocks,
-            max_model_len=plan.max_model_len,
-            groups=groups,
-        ),
+        plan=_plan_summary(options, plan, groups),
         scheduler=SchedulerSummary(
             **attrs.asdict(options.scheduler),
             hash_algorithm=options.hash_algorithm,
@@ -281,6 +289,18 @@ def simulate(
             timer_overhead_ns=scheduler.timer_overhead_ns,
         ),
         samples=tuple(scheduler.sampler.samples),
+    )
+
+
+def _plan_summary(
+    options: SimulationOptions, plan: KVCachePlan, groups: tuple[GroupPlan, ...]
+) -> PlanSummary:
+    return PlanSummary(
+        memory=options.memory,
+        num_blocks=plan.kv_cache_config.num_blocks,
+        max_model_len=plan.max_model_len,
+        groups=groups,
+        pool=plan.pool,
     )
 
 

@@ -23,21 +23,33 @@ def tiny_plan(
     block_size: int = 4,
     max_num_batched_tokens: int = 32,
     dtype: str | None = None,
+    pool: str = "shared",
+    mamba_checkpoint: int | None = None,
 ) -> kvcore.KVCachePlan:
-    """A tiny model's plan with a pool of ``pressure`` times what one longest request needs."""
+    """A tiny model's plan with a pool of ``pressure`` times what one longest request needs.
+
+    ``pool`` defaults to the shared pool: the plans these tests check were
+    made for it (``"auto"`` plans a two-level pool for the tiny models whose
+    pages differ). Under the two-level pool the need is counted in large pages.
+    """
     options = dict(
         block_size=block_size,
         max_num_batched_tokens=max_num_batched_tokens,
         layout=layout,
         hybrid=hybrid,
         dtype=dtype,
+        pool=pool,
+        mamba_checkpoint=mamba_checkpoint,
     )
     path = tiny_model_path(name)
     base = kvcore.plan(path, memory="64MiB", **options)
-    reserved = sum(
-        g.kv_cache_spec.pool_reserved_blocks for g in base.kv_cache_config.kv_cache_groups
-    )
-    need = base.blocks_per_request + 1 + reserved
+    if base.page_classes is not None:
+        need = base.memory_needed_bytes // base.page_classes.bytes_per_large_page
+    else:
+        reserved = sum(
+            g.kv_cache_spec.pool_reserved_blocks for g in base.kv_cache_config.kv_cache_groups
+        )
+        need = base.blocks_per_request + 1 + reserved
     return kvcore.plan(path, num_blocks=int(need * pressure), **options)
 
 

@@ -91,6 +91,7 @@ def test_mamba_without_prefix_caching_keeps_one_state_per_request():
         block_size=4,
         max_num_batched_tokens=32,
         options={"mamba.cache_mode": "none"},
+        pool="shared",
     )
     states = [g.kv_cache_spec for g in plan.kv_cache_config.kv_cache_groups]
     assert {s.block_size for s in states if s.kind == "mamba"} == {plan.max_model_len}

@@ -1,4 +1,4 @@
-"""Every tiny model, in every layout the planner gives it, computes exactly what no cache computes.
+"""Every tiny model, in every layout and both pools, computes exactly what no cache computes.
 
 Each run serves 14 synthetic requests through a pool of 1.2 times what one
 longest request needs, so the run has chunked prefill, decode, prefix hits
@@ -28,7 +28,8 @@ CASES = [
     ("tiny-hidden", "block_outer", False),
 ]
 
-# Runs in which a preempted request finds its own blocks again when it resumes.
+# Runs in which a preempted request finds its own blocks again when it resumes
+# (in both pools).
 RESUMED_WITH_HITS = {
     ("tiny-gemma", "layer_outer", True),
     ("tiny-hybrid", "layer_outer", True),
@@ -36,9 +37,20 @@ RESUMED_WITH_HITS = {
 }
 
 
+# Under the two-level pool the state groups keep a state every 8 tokens (2 blocks),
+# so the states' grid differs from the attention blocks'; tiny-hybrid's chunked
+# layers refuse hits aligned past their block, so its states keep the block size.
+CHECKPOINTS = {"tiny-qwen-next": 8, "tiny-three-pages": 8}
+
+
+@pytest.mark.parametrize("pool", ["shared", "two-level"])
 @pytest.mark.parametrize(("name", "layout", "hybrid"), CASES)
-def test_paged_run_equals_the_dense_oracle(name, layout, hybrid):
-    plan = tiny_plan(name, layout=layout, hybrid=hybrid, pressure=1.2)
+def test_paged_run_equals_the_dense_oracle(name, layout, hybrid, pool):
+    checkpoint = CHECKPOINTS.get(name) if pool == "two-level" else None
+    plan = tiny_plan(
+        name, layout=layout, hybrid=hybrid, pressure=1.2, pool=pool, mamba_checkpoint=checkpoint
+    )
+    assert (plan.page_classes is not None) == (pool == "two-level")
     executor, engine, report = run_engine(plan)
 
     assert report.num_mismatches == 0, [m.describe() for m in report.mismatches]
@@ -141,3 +153,41 @@ def test_a_bfloat16_cache_is_bit_exact_too():
     _, engine, report = run_engine(plan)
     assert report.ok, [m.describe() for m in report.mismatches]
     assert engine.stats.hit_admissions > 0
+
+
+def test_tiny_three_pages_has_three_page_classes():
+    """Pages at 4-token blocks, 2 KV heads of 16, float64 model.
+
+    Full attention 4 × 2 × 32 × 8 = 2,048 bytes; NVFP4 4 × 2 × (16 + 2) = 144;
+    the Mamba-2 state (3 × 16 + 2 × 4 × 4) × 8 = 640. Their lcm 92,160 =
+    2^11 × 45: 45, 640 and 144 small pages per large page, no padding.
+    """
+    plan = tiny_plan("tiny-three-pages", pool="two-level", mamba_checkpoint=8)
+    classes = plan.page_classes
+    assert classes.class_page_bytes == (144, 640, 2048)
+    assert classes.large_page_bytes == 92_160
+    assert [classes.pages_per_large_page(c) for c in range(3)] == [640, 144, 45]
+    kinds = [(g.kind, g.block_size) for g in plan.groups]
+    assert kinds == [("full_attention", 4), ("nvfp4_attention", 4), ("mamba", 8)]
+    assert classes.group_classes == (2, 0, 1)
+    shared = tiny_plan("tiny-three-pages")
+    assert shared.page_classes is None
+    assert len({g.kv_cache_spec.page_size_bytes for g in _groups(shared)}) == 1
+
+
+def test_three_page_sizes_with_bfloat16_full_attention_are_bit_exact():
+    """bf16 full attention (4 × 2 × 32 × 2 = 512 bytes), NVFP4 (144), float64 states (640).
+
+    Three classes, lcm(144, 512, 640) = 23,040: 160, 45 and 36 small pages
+    per large page.
+    """
+    plan = tiny_plan(
+        "tiny-three-pages", dtype="bfloat16", pool="two-level", mamba_checkpoint=8, pressure=1.2
+    )
+    classes = plan.page_classes
+    assert classes.class_page_bytes == (144, 512, 640)
+    assert [classes.pages_per_large_page(c) for c in range(3)] == [160, 45, 36]
+    _, engine, report = run_engine(plan)
+    assert report.ok, [m.describe() for m in report.mismatches]
+    assert engine.stats.hit_admissions > 0
+    assert engine.stats.preemptions > 0

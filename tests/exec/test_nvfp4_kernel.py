@@ -191,7 +191,9 @@ def test_the_tiny_model_plans_nvfp4_beside_bf16_sliding_windows(layout):
     At 4-token blocks the NVFP4 page is 144 bytes, padded to the bf16 page of
     512 in the layer-outer layout (512 / 144 is not whole).
     """
-    plan = kvcore.plan(tiny_model_path("tiny-nvfp4"), block_size=4, memory="1MiB", layout=layout)
+    plan = kvcore.plan(
+        tiny_model_path("tiny-nvfp4"), block_size=4, memory="1MiB", layout=layout, pool="shared"
+    )
     groups = plan.kv_cache_config.kv_cache_groups
     assert [g.kv_cache_spec.kind for g in groups] == ["sliding_window", "nvfp4_attention"]
     sliding, nvfp4 = (g.kv_cache_spec for g in groups)

@@ -46,6 +46,7 @@ def test_execute_appends_its_line_to_the_report(tmp_path, capsys):
     prompts = [shared + [500 + i] * (3 + i) for i in range(4)]  # hits on the shared 40 tokens
     trace = write_trace(tmp_path / "t.jsonl", prompts)
     argv = ["simulate", "tiny-mla", "--trace", str(trace), "--memory", "1MiB", "--execute"]
+    argv += ["--pool", "shared"]  # the plan this test was worked out for
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "  prefix hits" in out
@@ -70,6 +71,7 @@ def test_a_state_cached_in_the_same_step_is_adopted_one_step_later(tmp_path, cap
     trace = write_trace(tmp_path / "t.jsonl", prompts, timestamps=[0, 0])
     argv = ["simulate", "tiny-qwen-next", "--trace", str(trace), "--memory", "1MiB"]
     argv += ["--execute", "--arrival", "asap", "--json"]
+    argv += ["--pool", "shared"]  # the plan this test was worked out for
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["prefix_cache"]["hit_tokens"] == 32

@@ -131,7 +131,9 @@ def test_padded_mamba_states_next_to_attention():
 
 def test_planned_hybrid_model_with_states_allocates():
     # 80 tokens: one block per group, 8 groups and the null block: 9 blocks of 1.25 MiB.
-    p = kvcore.plan("jamba-v0.1", memory="12MiB", max_model_len=80, registry=registry())
+    p = kvcore.plan(
+        "jamba-v0.1", memory="12MiB", max_model_len=80, registry=registry(), pool="shared"
+    )
     assert p.num_blocks == 9
     buffers = kvcore.allocate_kv_cache(p.kv_cache_config)
     conv, ssm = buffers.views["model.layers.0.mamba"]
@@ -150,3 +152,155 @@ def test_allocation_needs_a_planned_config():
         kvcore.allocate_kv_cache(config)
     empty = kvcore.allocate_kv_cache(kvcore.planning.get_kv_cache_config([], 0))
     assert empty.buffer.numel() == 0
+
+
+# -- two-level pools: views by small-page id -----------------------------------------------
+
+
+def _three_page_config(layout: str, num_large_pages: int = 4) -> kvcore.KVCacheConfig:
+    """Three page sizes, two layers each, one class each (see the test below)."""
+    from kvcore._planning.grouping import natural_page_groups
+    from kvcore._planning.page_classes import page_classes
+    from kvcore._planning.two_level import two_level_config
+
+    specs = {
+        "a0": full(block_size=4, head_size=8, num_kv_heads=1),  # 4 × 16 × 4 = 256 bytes
+        "a1": full(block_size=4, head_size=8, num_kv_heads=1),
+        "s0": sw(block_size=4, head_size=8, num_kv_heads=1, dtype="float16"),  # 128 bytes
+        "s1": sw(block_size=4, head_size=8, num_kv_heads=1, dtype="float16"),
+        "m0": mamba(384),  # 96 float32
+        "m1": mamba(384),
+    }
+    groups = natural_page_groups(specs)
+    classes = page_classes(groups, layout)
+    memory = num_large_pages * classes.bytes_per_large_page
+    return two_level_config(groups, classes, memory)
+
+
+def _offset(buffers: kvcore.KVCacheBuffers, layer: str, block: int) -> int:
+    return buffers.views[layer][0][block].data_ptr() - buffers.buffer.data_ptr()
+
+
+def test_two_level_layer_outer_views_by_hand():
+    """Pages 256 (a), 128 (s), 384 (m): classes 128, 256, 384, large page lcm 768.
+
+    Groups (a0, a1), (s0, s1), (m0, m1): 2 runs of 4 large pages, 3,072 bytes
+    each. Class 0 (s) has 6 small pages per large page, class 1 (a) 3, class
+    2 (m) 2. Layer j of a group lies in run j, small page s at s × page:
+    a1's page 5 at 3,072 + 5 × 256 = 4,352 (large page 5 // 3 = 1, third 2),
+    m0's page 3 at 3 × 384 = 1,152 (large page 1, second half), s1's page 7
+    at 3,072 + 7 × 128 = 3,968 (large page 1, page 1).
+    """
+    config = _three_page_config("layer_outer")
+    pool = config.page_pool
+    assert (pool.large_page_bytes, pool.num_large_pages) == (768, 4)
+    assert pool.class_page_bytes == (128, 256, 384)
+    assert pool.group_classes == (1, 0, 2)
+    assert config.size_bytes == 2 * 4 * 768
+    buffers = kvcore.allocate_kv_cache(config)
+    assert buffers.buffer.numel() == 6144
+    assert buffers["a0"].shape == (12, 4, 1, 16)
+    assert buffers["s0"].shape == (24, 4, 1, 16)
+    assert buffers.views["m0"][0].shape == (8, 96)
+    assert [t.num_blocks for t in config.kv_cache_tensors] == [12, 24, 8]
+    assert _offset(buffers, "a1", 5) == 4352 == 3072 + 1 * 768 + 2 * 256
+    assert _offset(buffers, "m0", 3) == 1152 == 1 * 768 + 384
+    assert _offset(buffers, "s1", 7) == 3968 == 3072 + 768 + 128
+    assert buffers["a0"].stride()[0] == 256 // 4
+    assert buffers.views["m1"][0].stride()[0] == 384 // 4
+
+
+def test_two_level_block_outer_views_by_hand():
+    """Block-outer: a small page holds the group's two layers, 512, 256 and 768 bytes.
+
+    Classes 256 (s), 512 (a), 768 (m), large page lcm 1,536, one run of 4:
+    6,144 bytes. a1's page 5 at 5 × 512 + 256 = 2,816 (large page 5 // 3 = 1),
+    m1's page 3 at 3 × 768 + 384 = 2,688 (large page 3 // 2 = 1).
+    """
+    config = _three_page_config("block_outer")
+    pool = config.page_pool
+    assert (pool.large_page_bytes, pool.class_page_bytes) == (1536, (256, 512, 768))
+    buffers = kvcore.allocate_kv_cache(config)
+    assert buffers.buffer.numel() == 6144
+    assert _offset(buffers, "a1", 5) == 2816
+    assert _offset(buffers, "m1", 3) == 2688
+    assert _offset(buffers, "s1", 23) == 23 * 256 + 128
+
+
+@pytest.mark.parametrize("layout", ["layer_outer", "block_outer"])
+def test_small_pages_lie_in_their_large_page(layout):
+    """Small page s of class c is in large page s // k, and only large pages share bytes.
+
+    Two small pages overlap only when they are of different classes carving
+    the same large page (a large page belongs to one class at a time) or are
+    the same block of one group; within a class, a large page's small pages
+    tile it.
+    """
+    config = _three_page_config(layout)
+    pool = config.page_pool
+    buffers = kvcore.allocate_kv_cache(config)
+    run_bytes = pool.large_page_bytes * pool.num_large_pages
+    pages = {}  # (layer, block) -> (class, large page, byte range)
+    for group_id, group in enumerate(config.kv_cache_groups):
+        klass = pool.group_classes[group_id]
+        k = pool.pages_per_large_page(klass)
+        for layer in group.layer_names:
+            view = buffers.views[layer][0]
+            assert view.shape[0] == pool.num_blocks(klass)
+            for block in range(view.shape[0]):
+                start = _offset(buffers, layer, block)
+                nbytes = config.layer_spec(layer).page_size_bytes
+                large = (start % run_bytes) // pool.large_page_bytes
+                assert large == block // k
+                assert start % run_bytes + nbytes <= (large + 1) * pool.large_page_bytes
+                pages[layer, block] = (group_id, klass, large, range(start, start + nbytes))
+    for (layer_a, block_a), (layer_b, block_b) in itertools.combinations(pages, 2):
+        group_a, class_a, large_a, bytes_a = pages[layer_a, block_a]
+        group_b, class_b, large_b, bytes_b = pages[layer_b, block_b]
+        if not _overlap(bytes_a, bytes_b):
+            continue
+        assert large_a == large_b, (layer_a, block_a, layer_b, block_b)
+        same_block = group_a == group_b and block_a == block_b
+        assert class_a != class_b or same_block, (layer_a, block_a, layer_b, block_b)
+
+
+@pytest.mark.parametrize("layout", ["layer_outer", "block_outer"])
+def test_two_level_writes_land_where_planned(layout):
+    config = _three_page_config(layout)
+    buffers = kvcore.allocate_kv_cache(config)
+    raw_bytes = buffers.buffer.numpy()
+    for group in config.kv_cache_groups:
+        buffers.buffer.zero_()
+        for layer in group.layer_names:
+            tensor, index = config.tensor_of(layer)
+            spec = config.layer_spec(layer)
+            for view in buffers.views[layer]:
+                view.reshape(view.shape[0], -1).view(torch.uint8).fill_(7)
+            for block in range(tensor.num_blocks):
+                start = tensor.page_offset(index, block)
+                for part in spec.page_parts():
+                    chunk = raw_bytes[start + part.offset : start + part.offset + part.nbytes]
+                    assert (chunk == 7).all(), (layer, block, part.name)
+        # Exactly the group's pages were written; with no padding and as many layers
+        # as runs, a group's small pages cover the whole buffer (any class may come
+        # to own every large page).
+        expected = sum(
+            config.tensor_of(layer)[0].num_blocks * config.layer_spec(layer).page_size_bytes
+            for layer in group.layer_names
+        )
+        assert int((raw_bytes != 0).sum()) == expected == config.size_bytes
+
+
+def test_planned_two_level_model_allocates():
+    """jamba-v0.1 at 80 tokens in 24 MiB: 24 MiB // 4,980,736 = 5 large pages.
+
+    Attention views count 5 × 19 = 95 small pages, state views 5 × 4 = 20.
+    """
+    p = kvcore.plan("jamba-v0.1", memory="24MiB", max_model_len=80, registry=registry())
+    assert p.num_blocks == 5
+    buffers = kvcore.allocate_kv_cache(p.kv_cache_config)
+    conv, ssm = buffers.views["model.layers.0.mamba"]
+    assert conv.shape == (20, 3, 8192)
+    assert ssm.shape == (20, 8192, 16)
+    assert buffers["model.layers.4.self_attn"].shape == (95, 16, 8, 256)
+    assert buffers.buffer.numel() == 5 * 4 * 1_245_184

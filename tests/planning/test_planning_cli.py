@@ -83,7 +83,7 @@ def test_plan_layout_hybrid_and_plugin_options(capsys):
 
 
 def test_the_quantized_mix_shows_its_padded_pages(capsys):
-    assert main(["plan", "nvfp4-hybrid-8b", *ONLY]) == 0
+    assert main(["plan", "nvfp4-hybrid-8b", "--pool", "shared", *ONLY]) == 0
     out = capsys.readouterr().out
     assert out.startswith("nvfp4-hybrid-8b: 32 cache layers (24 sliding_window, 8 nvfp4_attention)")
     nvfp4 = next(line.split() for line in out.splitlines() if "nvfp4_attention   " in line)
@@ -138,7 +138,7 @@ def test_every_option_is_in_the_cli_reference():
     options = [
         s for a in sub._actions for s in a.option_strings if s.startswith("--") and s != "--help"
     ]
-    assert len(options) == 14
+    assert len(options) == 16
     missing = [o for o in options if f".. option:: {o}" not in section]
     assert not missing
 
@@ -146,7 +146,7 @@ def test_every_option_is_in_the_cli_reference():
 def test_the_group_table_widens_a_column_for_a_page_of_several_parts():
     import types
 
-    from kvcore._planning.plan import KVCachePlan
+    from kvcore._planning.summary import group_table
 
     def group(index: int, kind: str, pages: tuple[int, ...]) -> types.SimpleNamespace:
         return types.SimpleNamespace(
@@ -156,7 +156,7 @@ def test_the_group_table_widens_a_column_for_a_page_of_several_parts():
         )
 
     groups = [group(0, "full_attention", (32768,)), group(1, "mla", (36864, 18432, 4608))]
-    header, *rows = KVCachePlan._group_table(types.SimpleNamespace(groups=groups))
+    header, *rows = group_table(groups)
     page = "36.00 KiB/18.00 KiB/4.50 KiB"
     assert page in rows[1]
     # Every column starts where its header does: the page column ends under "page".
@@ -165,7 +165,7 @@ def test_the_group_table_widens_a_column_for_a_page_of_several_parts():
     assert rows[0][:end].endswith("32.00 KiB")
     assert rows[1][end:].split() == ["257", "0", "B"]
     # A usual table keeps its layout.
-    header, row = KVCachePlan._group_table(types.SimpleNamespace(groups=groups[:1]))
+    header, row = group_table(groups[:1])
     assert header == (
         "group  type                     layers  which                   block        page"
         "  blocks/req  waste/block"

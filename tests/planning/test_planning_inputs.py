@@ -172,12 +172,21 @@ def test_pages_that_cannot_be_unified(tmp_path):
         layer_types=["full_attention", "chunked_attention"],
     )
     with pytest.raises(InvalidConfigError) as info:
-        kvcore.plan(path, registry=registry())
+        kvcore.plan(path, registry=registry(), pool="shared")
     message = str(info.value)
     assert "layer 'model.layers.0.self_attn' (MLAAttentionSpec, page 18432 bytes)" in message
     assert "layout='block_outer'" in message
-    p = kvcore.plan(path, registry=registry(), layout="block_outer")
+    p = kvcore.plan(path, registry=registry(), layout="block_outer", pool="shared")
     assert [g.num_layers for g in p.groups] == [1, 1]
+    # The two-level pool (the default for pages that differ) needs no unification:
+    # each layer keeps its page in a class of its own.
+    p = kvcore.plan(path, registry=registry())
+    assert p.pool == "two-level"
+    assert [(g.kind, g.page_sizes) for g in p.groups] == [
+        ("mla", (18_432,)),
+        ("chunked_local", (65_536,)),
+    ]
+    assert p.page_classes.class_page_bytes == (18_432, 65_536)
 
 
 def test_bad_options():
@@ -307,7 +316,7 @@ def test_allocation_only_fallback_through_a_config(tmp_path):
         sliding_window=128,
         layer_types=["full_attention", "sliding_attention"],
     )
-    p = kvcore.plan(path, memory="1GiB", registry=registry())
+    p = kvcore.plan(path, memory="1GiB", registry=registry(), pool="shared")
     (group,) = p.groups
     assert group.num_layers == 2
     assert group.page_sizes == (18_432, 65_536)
@@ -343,7 +352,7 @@ def test_hidden_state_and_mamba2_kinds_from_a_config(tmp_path):
         mamba_d_conv=4,
         layer_types=["full_attention", "sliding_attention", "mamba2", "hidden_state"],
     )
-    p = kvcore.plan(path, memory="1GiB", max_model_len=1024, registry=registry())
+    p = kvcore.plan(path, memory="1GiB", max_model_len=1024, registry=registry(), pool="shared")
     specs = p.layer_specs
     assert specs["model.layers.2.self_attn"].shapes == ((3, 512 + 2 * 128), (8, 64, 128))
     assert specs["model.layers.3.self_attn"].num_kv_heads == 3
@@ -377,7 +386,7 @@ def test_sink_length_the_raised_block_size_does_not_divide(tmp_path):
         match=r"layer 'model.layers.0.self_attn': the attention block size must grow to 144 "
         r"tokens .*sink_len \(64\) must be a multiple of block_size \(144\)",
     ):
-        kvcore.plan(path, registry=registry())
+        kvcore.plan(path, registry=registry(), pool="shared")
 
 
 def test_sink_blocks_are_reserved_by_the_manager_as_planned(tmp_path):

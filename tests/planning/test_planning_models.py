@@ -1,10 +1,13 @@
-"""Every shipped model planned for 80 GiB: groups, block and page sizes, blocks, waste.
+"""Every shipped model planned for 80 GiB, shared pool: groups, blocks, pages, waste.
 
 Four models are worked out by hand in the docstrings below; the table pins
 the others, and each of its rows is derived again by arithmetic the tests
 evaluate, from the model's shipped config and the same rules (the reference
 grouping rule, 16-token blocks, 8192 batched tokens per step,
 ``max_model_len`` the model's own, fitted to memory when it does not fit).
+These are the reference's plans, so the models whose layers' pages differ
+(which ``pool="auto"`` plans in a two-level pool) are planned with
+``pool="shared"``; the two-level plans are in ``test_planning_two_level``.
 """
 
 from __future__ import annotations
@@ -116,7 +119,7 @@ def test_qwen3_next_80b_by_hand():
     mode holds ceil(8,192 / 544) + 1 = 17: 533 in all. Waste: 3 groups × 17
     blocks × 12 layers × 16,384 bytes = 10,027,008 bytes per request.
     """
-    p = plan("qwen3-next-80b")
+    p = plan("qwen3-next-80b", pool="shared")
     assert shape(p) == [("mamba", 12)] * 3 + [("full_attention", 12)]
     assert {g.block_size for g in p.groups} == {544}
     assert {g.page_sizes for g in p.groups} == {(1_114_112,)}
@@ -144,7 +147,7 @@ def test_nvfp4_hybrid_8b_by_hand():
     1,425,408 = 11,676,942,336 of 8,769 × 1,572,864 = 13,792,444,416 bytes
     wasted: 84.66 %.
     """
-    p = plan("nvfp4-hybrid-8b")
+    p = plan("nvfp4-hybrid-8b", pool="shared")
     assert shape(p) == [("sliding_window", 8)] * 3 + [("nvfp4_attention", 8)]
     assert [g.page_sizes for g in p.groups] == [(65_536,)] * 4
     assert p.groups[3].real_page_sizes == (18_432,)
@@ -152,7 +155,7 @@ def test_nvfp4_hybrid_8b_by_hand():
     assert p.wasted_bytes_per_request == 3_087_007_744
     assert round(p.waste_fraction, 4) == 0.5934
     assert p.notes == ("pages padded to the common page size: 8 nvfp4_attention layers",)
-    outer = plan("nvfp4-hybrid-8b", layout="block_outer")
+    outer = plan("nvfp4-hybrid-8b", layout="block_outer", pool="shared")
     assert shape(outer) == [("sliding_window", 24), ("nvfp4_attention", 8)]
     assert (outer.bytes_per_block, outer.num_blocks, outer.blocks_per_request) == (
         1_572_864,
@@ -408,7 +411,7 @@ def test_table_row_follows_from_the_shipped_config(model):
 @pytest.mark.parametrize("model", sorted(TABLE))
 def test_shipped_model_table(model):
     groups, block, page, blocks, length, waste = TABLE[model]
-    p = plan(model)
+    p = plan(model, pool="shared")
     assert shape(p) == groups
     assert {g.block_size for g in p.groups} == {block}
     assert {g.page_sizes for g in p.groups} == {(page,)}
@@ -445,7 +448,7 @@ def test_jamba_aligns_attention_blocks_to_the_mamba_state():
     Block = 16 × ceil(311,296 / 65,536) = 80 tokens, page 327,680: states
     padded by 16,384 bytes, 4 per block in each of 7 state groups.
     """
-    p = plan("jamba-v0.1")
+    p = plan("jamba-v0.1", pool="shared")
     assert p.groups[0].real_page_sizes == (311_296,)
     assert p.groups[0].padded_page_bytes_per_block == 4 * 16_384
     assert p.notes == (
@@ -471,9 +474,12 @@ def test_gcd_rule_reported_next_to_the_reference():
     assert data["reference"]["padding_slots"] == 8
 
 
-@pytest.mark.parametrize("model", ["gpt-oss-20b", "gemma-3-27b", "llama-3-8b", "jamba-v0.1"])
-def test_planned_config_drives_the_manager(model):
-    p = plan(model, memory="4GiB", max_model_len=2048)
+@pytest.mark.parametrize("pool", ["shared", "auto"])
+@pytest.mark.parametrize(
+    "model", ["gpt-oss-20b", "gemma-3-27b", "llama-3-8b", "jamba-v0.1", "qwen3-next-80b"]
+)
+def test_planned_config_drives_the_manager(model, pool):
+    p = plan(model, memory="4GiB", max_model_len=2048, pool=pool)
     manager = kvcore.KVCacheManager(
         p.kv_cache_config, p.max_model_len, registry=registry(), enable_caching=True
     )

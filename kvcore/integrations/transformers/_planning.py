@@ -68,7 +68,10 @@ def plan_model(
     The layers, windows, chunks and state shapes come from
     ``model.config`` through the plugins, as :func:`kvcore.plan` reads a
     ``config.json``; the cache dtype is the dtype of the model's parameters
-    (not the config's, which a ``model.to(...)`` does not update).
+    (not the config's, which a ``model.to(...)`` does not update). The plan
+    is for the shared pool (``pool="shared"``): the cache hands a recurrent
+    layer's states over at the attention block boundaries, where the shared
+    pool keeps them.
 
     Args:
         model: A transformers model (``PreTrainedModel``).
@@ -104,4 +107,5 @@ def plan_model(
         registry=registry,
         hybrid=hybrid,
         options=options,
+        pool="shared",
     )
