@@ -29,9 +29,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from itertools import chain, compress
-from operator import length_hint
+from operator import itemgetter, length_hint
 from types import TracebackType
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, Protocol
 
 from kvcore._blocks import MAX_NUM_BLOCKS, NULL_BLOCK, UndoLog
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -122,8 +122,9 @@ class Transaction:
     __slots__ = ("_owner", "_pool")
 
     def __init__(self, pool: object) -> None:
-        # Typed loosely for the docs: both kinds of block pool qualify.
-        self._pool = cast(_Journaled, pool)
+        # Typed loosely for the docs, which know no private protocol: both
+        # kinds of block pool qualify.
+        self._pool: _Journaled = pool  # type: ignore[assignment]
         self._owner = False
 
     def __enter__(self) -> Transaction:
@@ -444,6 +445,19 @@ class BlockPool:
             ref[block] = 0
         self._num_free += len(blocks)
 
+    def _groups_of(self, blocks: Sequence[int]) -> Sequence[int]:
+        """The group each of ``blocks`` was last cached in, in order (a C-level gather).
+
+        A pool of one group never records a group: every block's is 0.
+        """
+        if len(self._cached) == 1 or not blocks:
+            return [0] * len(blocks)
+        if len(blocks) == 1:
+            return (self._group[blocks[0]],)
+        # itemgetter reads each item in C; map over a bytearray's __getitem__
+        # would build an argument tuple per block.
+        return itemgetter(*blocks)(self._group)  # type: ignore[no-any-return]
+
     def _evict(self, blocks: Sequence[int]) -> None:
         """Drop the hashes of just-taken ``blocks`` from the map (their KV is overwritten).
 
@@ -459,12 +473,11 @@ class BlockPool:
             self._evict_among_copies(blocks)
             return
         # No hash has copies: every hashed block is the entry of its map.
-        group_of = self._group
         maps = self._cached
         events = self.enable_kv_cache_events
-        for block, block_hash in zip(blocks, old_hashes, strict=True):
+        groups = self._groups_of(blocks)
+        for block, block_hash, group in zip(blocks, old_hashes, groups, strict=True):
             if block_hash is not None:
-                group = group_of[block]
                 del maps[group][block_hash]
                 hash_of[block] = None
                 if events:
@@ -717,12 +730,14 @@ class BlockPool:
         """
         if len(blocks) != len(block_hashes):
             return False
+        if block_hashes.__class__ is not list:
+            block_hashes = list(block_hashes)
         try:
             return (
                 {*map(type, blocks)} <= _INT
-                and list(map(self._hash.__getitem__, blocks)) == list(block_hashes)
-                and list(map(self._group.__getitem__, blocks)).count(group) == len(blocks)
                 and (not blocks or min(blocks) > 0)
+                and list(map(self._hash.__getitem__, blocks)) == block_hashes
+                and self._groups_of(blocks).count(group) == len(blocks)
             )
         except (TypeError, IndexError):
             return False
@@ -794,9 +809,9 @@ class BlockPool:
         new_blocks = blocks[num_cached_blocks:num_full_blocks]
         new_hashes = hashes[num_cached_blocks:num_full_blocks]
         hash_of = self._hash
-        group_of = self._group
+        several_groups = len(self._cached) > 1
         if self._journal is not None:
-            old_groups = list(map(group_of.__getitem__, new_blocks))
+            old_groups = list(self._groups_of(new_blocks)) if several_groups else None
             self._journal.append((self._uncache_new, (new_blocks, old_groups, kv_cache_group_id)))
         self._num_stored += len(new_blocks) - new_blocks.count(NULL_BLOCK)
         cache_first = self._cached[kv_cache_group_id].setdefault
@@ -804,9 +819,13 @@ class BlockPool:
         for block, block_hash in zip(new_blocks, new_hashes, strict=True):
             if block:
                 hash_of[block] = block_hash
-                group_of[block] = kv_cache_group_id
                 if cache_first(block_hash, block) != block:
                     dups.setdefault(block_hash, []).append(block)
+        if several_groups:
+            group_of = self._group
+            for block in new_blocks:
+                if block:
+                    group_of[block] = kv_cache_group_id
         self._queue.cached(
             kv_cache_group_id,
             blocks,
@@ -857,7 +876,7 @@ class BlockPool:
             )
         )
 
-    def _uncache_new(self, blocks: list[int], old_groups: list[int], group: int) -> None:
+    def _uncache_new(self, blocks: list[int], old_groups: list[int] | None, group: int) -> None:
         """Undo of :meth:`_cache_full_blocks`, newest block first."""
         # A block is the primary entry of its hash unless it was added after
         # one, and then it is the last of the duplicates.
@@ -877,7 +896,8 @@ class BlockPool:
                 if not waiting:
                     del dups[block_hash]
             self._hash[block] = None
-            self._group[block] = old_groups[index]
+            if old_groups is not None:
+                self._group[block] = old_groups[index]
 
     def _uncache(self, block: int) -> None:
         """Drop ``block``'s hash from the map (it has one); its oldest duplicate takes over."""
