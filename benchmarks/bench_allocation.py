@@ -174,6 +174,8 @@ class _Hashes:
     def __init__(self, request_id: str, block_hashes: list[Any]) -> None:
         self.request_id = request_id
         self.block_hashes = block_hashes
+        # The free queue's caching notice reads the prompt's length.
+        self.num_prompt_tokens = 0
         self.lora_id = None
         self.lora_name = None
 
