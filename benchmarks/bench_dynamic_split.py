@@ -80,9 +80,12 @@ class _PhaseScheduler(Scheduler):
         self.per_phase = dict.fromkeys(PHASES, 0)
         self.started_ms: dict[str, float] = {}
         self.ended_ms = dict.fromkeys(PHASES, 0.0)
+        self.first_preemption: dict[str, Any] | None = None
 
     def _preempt(self, victim: SimRequest, durations: object) -> int:
         self.per_phase[self.phase_of[victim.index]] += 1
+        if self.first_preemption is None:
+            self.first_preemption = memory_snapshot(self.manager.block_pool, len(self.running))
         return super()._preempt(victim, durations)
 
     def _run(self, step: Any) -> None:
@@ -94,13 +97,39 @@ class _PhaseScheduler(Scheduler):
                 self.ended_ms[phase] = max(self.ended_ms[phase], self.clock_ms)
 
 
+def memory_snapshot(pool: Any, running: int) -> dict[str, Any]:
+    """Where a two-level pool's memory is, per class: pages owned, partly used, small pages free.
+
+    A large page can move to another class only once none of its small
+    pages is in use; the small pages free in partly used pages are memory
+    no other class can get.
+    """
+    pages = pool.pages
+    snapshot: dict[str, Any] = {"running": running, "free large pages": len(pages.free)}
+    for klass, class_pool in enumerate(pool.pools):
+        per = pages.per_page[klass]
+        partly = sum(
+            1 for page, owner in enumerate(pages.owner)
+            if owner == klass and 0 < pages.in_use[page] < per
+        )
+        snapshot[f"class {klass}"] = {
+            "large pages owned": pages.owned[klass],
+            "small pages per large page": per,
+            "small pages in use": class_pool.num_in_use,
+            "small pages free in its pages": class_pool.own_free(),
+            "large pages partly in use": partly,
+            "fully free large pages": len(pages.fully_free[klass]),
+        }
+    return snapshot
+
+
 class Outcome:
     """One replay: preemptions and simulated seconds per phase."""
 
-    def __init__(
-        self, preemptions: dict[str, int], started_ms: dict[str, float], ended_ms: dict[str, float]
-    ) -> None:
-        self.preemptions = preemptions
+    def __init__(self, scheduler: _PhaseScheduler) -> None:
+        self.preemptions = scheduler.per_phase
+        self.first_preemption = scheduler.first_preemption
+        started_ms, ended_ms = scheduler.started_ms, scheduler.ended_ms
         # A phase lasts from its first scheduled request to its last finished one
         # (phases overlap where one's first requests run beside the last of the one before).
         self.seconds = {
@@ -129,7 +158,7 @@ def replay(
     )
     scheduler.run()
     pool.check_invariants()
-    return Outcome(scheduler.per_phase, scheduler.started_ms, scheduler.ended_ms)
+    return Outcome(scheduler)
 
 
 def class_names(plan: kvcore.KVCachePlan) -> list[str]:
@@ -202,10 +231,29 @@ def _run(args: argparse.Namespace, recorder: Recorder) -> None:
     recorder.data["static"] = {
         str(k): {"preemptions": v.preemptions, "seconds": v.seconds} for k, v in static.items()
     }
-    recorder.data["dynamic"] = {"preemptions": dynamic.preemptions, "seconds": dynamic.seconds}
+    recorder.data["dynamic"] = {"preemptions": dynamic.preemptions, "seconds": dynamic.seconds,
+                                "first preemption": dynamic.first_preemption}
     print("  " + " | ".join(header))
     for row in rows:
         print("  " + " | ".join(str(cell) for cell in row))
+    _print_snapshot(dynamic.first_preemption)
+    if dynamic.first_preemption is not None:
+        classes = [v for k, v in dynamic.first_preemption.items() if k.startswith("class")]
+        recorder.tables["first-preemption"] = table(
+            f"The two-level pool at its first preemption ({args.model}, {args.memory})",
+            ["class", *classes[0]],
+            [[f"{k} ({names[k]})", *c.values()] for k, c in enumerate(classes)],
+        )
+
+
+def _print_snapshot(snapshot: dict[str, Any] | None) -> None:
+    if snapshot is None:
+        return
+    print(f"  two-level pool at its first preemption ({snapshot['running']} running, "
+          f"{snapshot['free large pages']} free large pages):")
+    for key, value in snapshot.items():
+        if key.startswith("class"):
+            print(f"    {key}: " + ", ".join(f"{k} {v}" for k, v in value.items()))
 
 
 def _compare(
