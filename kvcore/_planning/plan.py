@@ -487,8 +487,9 @@ def plan(
         pool: ``"auto"`` (default): ``"two-level"`` where the layers' natural
             pages differ, or where they agree but the shared plan wastes
             bytes (padding layer slots) and the two-level plan wastes fewer
-            (``num_blocks`` not given; a note says so); else ``"shared"``. ``"shared"``: one page size for
-            every group, as the reference engine plans. ``"two-level"``:
+            (``num_blocks`` not given; a note says so); else ``"shared"``.
+            ``"shared"``: one page size for every group, as the reference
+            engine plans. ``"two-level"``:
             every group keeps its natural page, carved from large pages.
         mamba_checkpoint: Tokens between two cached states of a state group
             (Mamba, linear attention) in the ``"align"`` cache mode: a
