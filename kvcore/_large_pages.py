@@ -23,6 +23,10 @@ It also decides where an allocation's small pages come from
    gives up a page only while it keeps enough for its own part of the
    allocation, and never one holding a block the allocation adopts.
 
+A caller may confine classes (:meth:`LargePages.limit`): a class at its
+limit takes no free large page and no other class's page, and evicts from
+its own queue instead (a static split between classes, for comparison).
+
 The class pools report every block that becomes used or free
 (:meth:`LargePages.used`, :meth:`LargePages.freed`) and are called back to
 take or give up a page's small pages (:class:`ClassMemory`). Every change is
@@ -37,7 +41,7 @@ from typing import Protocol
 
 from kvcore._blocks import UndoLog
 from kvcore._config import PagePool
-from kvcore.errors import OutOfBlocksError
+from kvcore.errors import InvalidConfigError, OutOfBlocksError
 
 __all__ = ["FREE", "RESERVED", "ClassMemory", "LargePages"]
 
@@ -108,6 +112,7 @@ class LargePages:
         "free",
         "fully_free",
         "in_use",
+        "limits",
         "moves",
         "owned",
         "owner",
@@ -140,10 +145,44 @@ class LargePages:
         # Index entries the running plan took out of the heaps, to put back.
         self._borrowed: list[tuple[int, tuple[int, int]]] = []
         self.pools: tuple[ClassMemory, ...] = ()
+        #: Per class, the most large pages it may own (``None``: no limit).
+        self.limits: tuple[int | None, ...] = (None,) * classes
 
     def attach(self, pools: Sequence[ClassMemory]) -> None:
         """Give the pools of the classes, by class."""
         self.pools = tuple(pools)
+
+    def limit(self, limits: Sequence[int | None]) -> None:
+        """Confine each class to at most ``limits[class]`` large pages (``None``: no limit).
+
+        Raises:
+            InvalidConfigError: not one entry per class, an entry that is
+                neither ``None`` nor an int ≥ 0, or a limit below what the
+                class owns now; nothing changes.
+        """
+        entries = tuple(limits)
+        if len(entries) != len(self.owned):
+            msg = f"limits: give one entry per page class ({len(self.owned)}), got {len(entries)}"
+            raise InvalidConfigError(msg)
+        for klass, entry in enumerate(entries):
+            if entry is None:
+                continue
+            if type(entry) is not int or entry < 0:
+                msg = f"limits[{klass}]: a number of large pages >= 0 or None, got {entry!r}"
+                raise InvalidConfigError(msg)
+            if entry < self.owned[klass]:
+                msg = (
+                    f"limits[{klass}]: class {klass} owns {self.owned[klass]} large pages "
+                    f"now, more than {entry}; free its blocks first or give at least "
+                    f"{self.owned[klass]}"
+                )
+                raise InvalidConfigError(msg)
+        self.limits = entries
+
+    def headroom(self, klass: int) -> int | None:
+        """Large pages ``klass`` may still gain under its limit (``None``: no limit)."""
+        cap = self.limits[klass]
+        return None if cap is None else cap - self.owned[klass]
 
     @property
     def clock(self) -> int:
@@ -304,11 +343,11 @@ class LargePages:
             # Free hits come out of the queue without evicting anything.
             hits = pool.free_among(keep[klass]) if keep.get(klass) else 0
             short = wanted - hits - pool.num_spares()
-            for page in free_pages if short > 0 else ():
+            for page in free_pages if short > 0 and self._may_gain(klass, gained, lost) else ():
                 plan.append((page, klass))
                 gained[klass] += self.per_page[klass]
                 short -= self.per_page[klass]
-                if short <= 0:
+                if short <= 0 or not self._may_gain(klass, gained, lost):
                     break
             if short > 0:
                 queued = pool.own_free() - pool.num_spares() - hits
@@ -334,8 +373,9 @@ class LargePages:
             return queued >= short
         ages = self.pools[klass].queue_ages(budget.keep.get(klass, set()))
         own_age = next(ages, None) if queued > 0 else None
+        room = self._pages_room(klass, budget)
         while short > 0:
-            other = min(candidates) if candidates else None
+            other = min(candidates) if candidates and room != 0 else None
             if own_age is not None and (other is None or own_age <= other[0]):
                 short -= 1
                 queued -= 1
@@ -345,6 +385,8 @@ class LargePages:
                 return False
             _, page, owner = other
             candidates.remove(other)
+            if room is not None:
+                room -= 1
             plan.append((page, klass))
             budget.planned.add(page)
             budget.lost[owner] += self.per_page[owner]
@@ -353,6 +395,19 @@ class LargePages:
             if found is not None:
                 candidates.append(found)
         return True
+
+    def _may_gain(self, klass: int, gained: Mapping[int, int], lost: Mapping[int, int]) -> bool:
+        """Whether ``klass``, having gained and lost these blocks so far, may gain a page."""
+        room = self.headroom(klass)
+        return room is None or room * self.per_page[klass] > gained[klass] - lost[klass]
+
+    def _pages_room(self, klass: int, budget: _Budget) -> int | None:
+        """Large pages ``klass`` may still gain in this plan (``None``: no limit)."""
+        room = self.headroom(klass)
+        if room is None:
+            return None
+        per = self.per_page[klass]
+        return max(0, room - (budget.gained[klass] - budget.lost[klass]) // per)
 
     def _next_candidate(self, owner: int, budget: _Budget) -> tuple[int, int, int] | None:
         """``owner``'s oldest fully free page it can give, not planned: ``(clock, page, owner)``."""

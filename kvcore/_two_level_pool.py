@@ -86,8 +86,16 @@ class ClassPool(BlockPool):
 
     @property
     def num_free(self) -> int:
-        """Blocks the class can take without evicting: its own and the free large pages'."""
-        return self.own_free() + self._pages.per_page[self._klass] * len(self._pages.free)
+        """Blocks the class can take without evicting: its own and the free large pages'.
+
+        Free large pages count only up to the class's limit, if it has one
+        (:meth:`TwoLevelBlockPool.limit_classes`).
+        """
+        pages = len(self._pages.free)
+        room = self._pages.headroom(self._klass)
+        if room is not None:
+            pages = min(pages, room)
+        return self.own_free() + self._pages.per_page[self._klass] * pages
 
     def get_num_free_blocks(self) -> int:
         """See :attr:`num_free`."""
@@ -342,6 +350,22 @@ class TwoLevelBlockPool:
     def pool_of(self, group: int) -> ClassPool:
         """The class pool holding group ``group``'s blocks."""
         return self.pools[self.page_pool.group_classes[group]]
+
+    def limit_classes(self, large_pages: Sequence[int | None]) -> None:
+        """Confine each class to at most ``large_pages[class]`` large pages (``None``: no limit).
+
+        Memory then stops moving to a class at its limit: it evicts from its
+        own free queue instead, as a pool split between classes once at
+        start-up would. Large page 0 is not counted. Meant for comparing the
+        dynamic split with static ones; a limit can be raised or dropped at
+        any time, lowered only to what the class owns.
+
+        Raises:
+            InvalidConfigError: not one entry per class, an entry that is
+                neither ``None`` nor an int ≥ 0, or one below the large pages
+                the class owns now; nothing changes.
+        """
+        self.pages.limit(large_pages)
 
     # -- transactions -------------------------------------------------------------------
 

@@ -293,3 +293,92 @@ def test_lookups_go_to_each_group_s_class():
     assert pool.holds_cached([9], [request.block_hashes[1]], 1)
     assert not pool.holds_cached([3], [request.block_hashes[1]], 1)
     pool.check_invariants()
+
+
+# -- classes confined to a number of large pages (a static split) -----------------------
+
+
+def test_a_limited_class_counts_free_large_pages_only_up_to_its_limit():
+    pool = pool_of()
+    pool.limit_classes([1, None])
+    # Class 0: one large page of two small pages; class 1: all three free pages.
+    assert [p.num_free for p in pool.pools] == [2, 12]
+    assert pool.pool_of(0).get_new_blocks(2) == [2, 3]  # large page 1
+    assert [p.num_free for p in pool.pools] == [0, 8]
+    with pytest.raises(OutOfBlocksError, match="page class 0"):
+        pool.pool_of(0).get_new_blocks(1)
+    assert pool.pages.owner == [RESERVED, 0, FREE, FREE]
+    # Class 1 is not limited: large pages 2 and 3.
+    assert pool.pool_of(1).get_new_blocks(8) == list(range(8, 16))
+    pool.check_invariants()
+
+
+def test_a_class_at_its_limit_evicts_its_own_cache_instead_of_carving():
+    pool = pool_of()
+    first = pool.pool_of(0)
+    pool.limit_classes([1, None])
+    request = hashed("a", [1, 2, 3, 4, 5])
+    blocks = first.get_new_blocks(2)  # large page 1: small pages 2, 3
+    first.cache_full_blocks(request, blocks, 0, 2, 2, 0)
+    first.free_blocks(blocks[::-1])
+    # Two free large pages are there, but class 0 owns its one page: it takes
+    # its own two cached blocks back, evicting them.
+    assert sorted(first.get_new_blocks(2)) == [2, 3]
+    assert pool.pages.owner == [RESERVED, 0, FREE, FREE]
+    assert first.num_evicted == 2
+    assert pool.num_cached_blocks() == 0
+    pool.check_invariants()
+
+
+def test_a_class_at_its_limit_takes_no_page_of_another_class():
+    pool = pool_of()
+    first, second = pool.pool_of(0), pool.pool_of(1)
+    request = hashed("a", [1, 2, 3, 4, 5])
+    blocks = first.get_new_blocks(2)  # large page 1
+    first.cache_full_blocks(request, blocks, 0, 2, 2, 0)
+    first.free_blocks(blocks[::-1])
+    pool.limit_classes([None, 2])
+    assert second.get_new_blocks(8) == list(range(8, 16))  # large pages 2, 3: at its limit
+    # Unlimited, class 1 would take class 0's fully free page 1 (see above).
+    with pytest.raises(OutOfBlocksError, match="page class 1"):
+        second.get_new_blocks(1)
+    assert pool.pages.owner == [RESERVED, 0, 1, 1]
+    assert pool.num_cached_blocks() == 2
+    # Raising the limit lets the page move.
+    pool.limit_classes([None, 3])
+    assert second.get_new_blocks(1) == [4]
+    assert pool.pages.owner == [RESERVED, 1, 1, 1]
+    pool.check_invariants()
+
+
+def test_an_allocation_over_two_classes_respects_each_limit():
+    pool = pool_of()
+    pool.limit_classes([1, 1])
+    # Class 0 needs 3 blocks (two large pages), over its limit of one: refused.
+    assert not pool.make_room([3, 1], [[], []])
+    assert pool.pages.owner == [RESERVED, FREE, FREE, FREE]
+    with pool.transaction():
+        assert pool.make_room([2, 4], [[], []])
+        assert pool.pool_of(0).get_new_blocks(2) == [2, 3]  # large page 1
+        assert pool.pool_of(1).get_new_blocks(4) == [8, 9, 10, 11]  # large page 2
+    assert pool.pages.owner == [RESERVED, 0, 1, FREE]
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ([1], r"one entry per page class \(2\), got 1"),
+        ([-1, None], r"limits\[0\]: a number of large pages >= 0 or None, got -1"),
+        ([None, 1.5], r"limits\[1\]: a number of large pages >= 0 or None, got 1.5"),
+        ([True, None], r"limits\[0\]: a number of large pages >= 0 or None, got True"),
+        ([0, None], r"limits\[0\]: class 0 owns 2 large pages now, more than 0"),
+    ],
+)
+def test_bad_limits_are_refused_and_change_nothing(limits: list[object], message: str):
+    pool = pool_of()
+    pool.limit_classes([2, None])
+    pool.pool_of(0).get_new_blocks(3)  # large pages 1 and 2
+    with pytest.raises(InvalidConfigError, match=message):
+        pool.limit_classes(limits)  # type: ignore[arg-type]
+    assert pool.pages.limits == (2, None)

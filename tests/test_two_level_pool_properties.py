@@ -7,7 +7,8 @@ cache is reset, and operations are run in a transaction that fails at its
 end. After every step the pool's invariants hold (a small page only in a
 large page its class owns, a large page owned by at most one class, free
 counts adding up, empty pages back in the common pool); a failed
-transaction leaves every class and every large page as it was.
+transaction leaves every class and every large page as it was. Some runs
+confine classes to a number of large pages: no class ever owns more.
 """
 
 from __future__ import annotations
@@ -65,10 +66,12 @@ def state(pool: TwoLevelBlockPool, exact_order: bool = True) -> tuple[object, ..
 
 
 class Run:
-    def __init__(self, policy: str) -> None:
+    def __init__(self, policy: str, limits: tuple[int | None, ...] | None = None) -> None:
         self.pool = TwoLevelBlockPool(
             LAYOUT, hash_block_size=1, enable_kv_cache_events=True, eviction=policy
         )
+        if limits is not None:
+            self.pool.limit_classes(limits)
         self.held: list[Held] = []
         self.done: list[Held] = []
         self.counter = 0
@@ -163,9 +166,12 @@ def failing(run: Run, op: tuple[str, int, int]) -> None:
 @given(
     ops=st.lists(st.tuples(OPS, st.booleans()), min_size=1, max_size=60),
     policy=st.sampled_from(["lru", "admit", "frequency", "cost"]),
+    limits=st.none() | st.tuples(*[st.none() | st.integers(0, 5)] * 3),
 )
-def test_random_operations_keep_every_invariant_and_roll_back_exactly(ops: Any, policy: str):
-    run = Run(policy)
+def test_random_operations_keep_every_invariant_and_roll_back_exactly(
+    ops: Any, policy: str, limits: tuple[int | None, ...] | None
+):
+    run = Run(policy, limits)
     for op, fail in ops:
         if fail and op[0] != "reset":  # a reset runs outside transactions
             before = state(run.pool, policy == "lru")
@@ -174,6 +180,8 @@ def test_random_operations_keep_every_invariant_and_roll_back_exactly(ops: Any, 
         else:
             run.do(op)
         run.pool.check_invariants()
+        for owned, limit in zip(run.pool.pages.owned, limits or (None,) * 3, strict=True):
+            assert limit is None or owned <= limit
     for held in run.held:
         run.pool.pool_of(held.group).free_blocks(held.blocks)
     assert run.pool.num_in_use == 0

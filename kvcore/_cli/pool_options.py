@@ -18,7 +18,8 @@ def add_pool_options(parser: argparse.ArgumentParser) -> None:
         help="shared: one page size for every group (the reference engine's design: state "
         "pages aligned with attention pages, pages padded, the block size raised); "
         "two-level: every group keeps its natural block size and page, carved from large "
-        "pages; auto: two-level where the layers' pages differ, else shared (default: auto)",
+        "pages; auto: two-level where the layers' pages differ, or where they agree but the "
+        "shared pool would waste more (padding layer slots), else shared (default: auto)",
     )
     parser.add_argument(
         "--mamba-checkpoint",

@@ -39,7 +39,8 @@ from kvcore._planning.summary import plan_summary
 from kvcore._planning.two_level import large_pages_per_request, two_level_config, two_level_waste
 from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
-from kvcore.errors import InvalidConfigError
+from kvcore._utils import format_bytes
+from kvcore.errors import InvalidConfigError, KVCoreError
 from kvcore.specs import KVCacheSpec, KVFormat, TokenLimits
 
 __all__ = [
@@ -484,8 +485,11 @@ def plan(
         options: Plugins' plan options, ``"<plugin>.<option>"`` → value
             (``{"mamba.cache_mode": "none"}``); ``kvcore plugins`` lists them.
         pool: ``"auto"`` (default): ``"two-level"`` where the layers' natural
-            pages differ, else ``"shared"``. ``"shared"``: one page size for
-            every group, as the reference engine plans. ``"two-level"``:
+            pages differ, or where they agree but the shared plan wastes
+            bytes (padding layer slots) and the two-level plan wastes fewer
+            (``num_blocks`` not given; a note says so); else ``"shared"``.
+            ``"shared"``: one page size for every group, as the reference
+            engine plans. ``"two-level"``:
             every group keeps its natural page, carved from large pages.
         mamba_checkpoint: Tokens between two cached states of a state group
             (Mamba, linear attention) in the ``"align"`` cache mode: a
@@ -536,11 +540,78 @@ def plan(
         max_model_len=limits.max_model_len,
         options=options,
     )
-    planner, checkpoint, refused = _planner(
-        cfg, layer_specs, pool=pool, mamba_checkpoint=mamba_checkpoint, block_size=block,
-        registry=registry, memory_bytes=memory_bytes, num_blocks=num_blocks, layout=layout,
-        hybrid=hybrid, fit=fit,
+    choice = _PoolPlan(
+        cfg=cfg, layer_specs=layer_specs, limits=limits, group_size_rule=group_size_rule,
+        mamba_checkpoint=mamba_checkpoint, block_size=block, fit=fit,
+        shared={"registry": registry, "memory_bytes": memory_bytes, "num_blocks": num_blocks,
+                "layout": layout, "hybrid": hybrid, "fit": fit},
     )
+    resolved = resolve_pool(pool, layer_specs)
+    result = choice.plan(resolved)
+    if pool == "auto" and resolved == "shared" and num_blocks is None and result.waste_fraction:
+        result = choice.least_waste(result)
+    return result
+
+
+@attrs.frozen(kw_only=True)
+class _PoolPlan:
+    """Everything :func:`plan` decided before the pool: plans it for either pool."""
+
+    cfg: ModelConfig
+    layer_specs: dict[str, KVCacheSpec]
+    limits: TokenLimits
+    group_size_rule: str
+    mamba_checkpoint: int | None
+    block_size: int
+    fit: bool
+    shared: dict[str, Any]
+
+    def least_waste(self, shared_plan: KVCachePlan) -> KVCachePlan:
+        """``pool="auto"`` for layers of one page: the two-level plan if it wastes less.
+
+        The layers need no page unification, but the shared pool may still
+        waste bytes (padding layer slots of groups with fewer layers); a
+        two-level pool whose groups' pages differ by their layer count (the
+        block-outer layout) need not. Ties, and a two-level plan that does
+        not fit, keep the shared plan.
+        """
+        try:
+            two_level = self.plan("two-level")
+        except KVCoreError:
+            return shared_plan
+        if two_level.waste_fraction >= shared_plan.waste_fraction:
+            return shared_plan
+        note = (
+            "planned for the two-level pool although every layer has one page: the shared "
+            f"pool would waste {format_bytes(shared_plan.wasted_bytes)} "
+            f"({shared_plan.waste_fraction:.2%} of the pool) in padding layer slots, this one "
+            f"{format_bytes(two_level.wasted_bytes)}; pool='shared' plans it as the reference does"
+        )
+        return attrs.evolve(two_level, notes=(note, *two_level.notes))
+
+    def plan(self, pool: ResolvedPool) -> KVCachePlan:
+        """The plan for ``pool``, with its notes."""
+        planner, checkpoint, refused = _planner(
+            self.cfg, self.layer_specs, pool=pool, mamba_checkpoint=self.mamba_checkpoint,
+            block_size=self.block_size, **self.shared,
+        )
+        return _finish(
+            planner, self.group_size_rule, self.limits, checkpoint=checkpoint, refused=refused,
+            block_size=self.block_size,
+        )
+
+
+def _finish(
+    planner: _Planner,
+    group_size_rule: str,
+    limits: TokenLimits,
+    *,
+    checkpoint: int | None,
+    refused: str | None,
+    block_size: int,
+) -> KVCachePlan:
+    """Assemble the plan of ``planner`` (and the reference plan beside a gcd one), with notes."""
+    cfg, layer_specs, fit, hybrid = planner.cfg, planner.layer_specs, planner.fit, planner.hybrid
     result = planner.assemble(group_size_rule, limits, sized=True)
     if group_size_rule != "reference":
         reference = planner.assemble("reference", result.limits, sized=False)
@@ -554,13 +625,13 @@ def plan(
     else:
         notes = two_level_notes(
             layer_specs, groups, result.limits, model_max_len, checkpoint=checkpoint,
-            block_size=block, refused=refused, fitted=fit,
+            block_size=block_size, refused=refused, fitted=fit,
         )
     return attrs.evolve(
         result,
         notes=notes,
         max_model_len_fitted=fit,
-        num_blocks_given=num_blocks is not None,
+        num_blocks_given=planner.num_blocks is not None,
         mamba_checkpoint=checkpoint,
     )
 

@@ -25,6 +25,7 @@ from kvcore._planning.page_classes import (
     page_classes,
 )
 from kvcore._planning.two_level import two_level_config
+from kvcore._utils import format_bytes
 from kvcore.errors import InsufficientMemoryError, InvalidConfigError
 from kvcore_plugins.mamba import MambaSpec
 
@@ -191,15 +192,53 @@ def test_auto_is_the_shared_plan_where_pages_agree(model):
     assert auto.to_dict() == plan(model, pool="shared").to_dict()
 
 
+def test_auto_plans_two_level_where_one_page_still_pads_layer_slots():
+    """gemma-3-27b block-outer: every layer's page is 16 x 16 x 256 x 2 = 131,072 bytes.
+
+    The shared pool pads 8 layer slots (groups of 9 and 8 layers beside 10):
+    3.96 % of the pool. Block-outer, a group's page is its layers' pages side
+    by side: 8, 9 and 10 x 131,072 bytes, three classes; their lcm, 360 x
+    131,072 = 47,185,920 bytes, holds 45, 40 and 36 of them. 80 GiB buys
+    85,899,345,920 // 47,185,920 = 1,820 large pages, and only large page 0
+    holds no KV: 1 / 1,820 of the pool. ``auto`` takes it; ``shared`` stays
+    the reference's plan; layer-outer, a two-level pool keeps the padding
+    slots (10 runs), so ``auto`` keeps the shared plan there; with
+    ``num_blocks`` given (blocks of the shared pool) it does not switch.
+    """
+    auto = plan("gemma-3-27b", layout="block_outer")
+    assert auto.pool == "two-level"
+    classes = auto.page_classes
+    assert classes is not None
+    assert classes.class_page_bytes == (8 * 131_072, 9 * 131_072, 10 * 131_072)
+    assert classes.large_page_bytes == 47_185_920
+    assert [classes.pages_per_large_page(c) for c in range(3)] == [45, 40, 36]
+    assert auto.num_blocks == 1820
+    assert auto.wasted_bytes == 47_185_920
+    assert auto.waste_fraction == pytest.approx(1 / 1820)
+    shared = plan("gemma-3-27b", pool="shared", layout="block_outer")
+    assert shared.pool == "shared"
+    assert shared.num_blocks == 65_536
+    assert shared.waste_fraction == pytest.approx(8 * 577 / (60 * 577 + 10 * 8192))
+    assert auto.notes[0] == (
+        "planned for the two-level pool although every layer has one page: the shared pool "
+        f"would waste {format_bytes(shared.wasted_bytes)} (3.96% of the pool) in "
+        "padding layer slots, this one 45.00 MiB; pool='shared' plans it as the reference does"
+    )
+    assert plan("gemma-3-27b").to_dict() == plan("gemma-3-27b", pool="shared").to_dict()
+    given_blocks = plan("gemma-3-27b", layout="block_outer", num_blocks=1000)
+    assert given_blocks.pool == "shared"
+
+
 @pytest.mark.parametrize("model", kvcore.planning.list_models())
 def test_two_level_waste_is_under_one_percent(model):
     """Every shipped model's two-level plan: at most 1 % of the pool holds no KV.
 
-    gemma-3-27b is the exception: its layers share one page, so ``auto``
-    keeps the shared pool, and its waste is the 8 padding layer slots of its
+    gemma-3-27b layer-outer is the exception: its layers share one page, so
+    ``auto`` keeps the shared pool, and its waste is the 8 padding layer slots of its
     sliding groups of 9 and 8 layers beside groups of 10 (3.96 %), which a
     layer-outer two-level pool keeps too (a block id costs one page in each
-    of 10 runs); laid out block-outer the two-level pool has no padding slots.
+    of 10 runs); laid out block-outer the two-level pool has no padding slots
+    (and ``auto`` picks it).
     """
     p = plan(model, pool="two-level")
     if model == "gemma-3-27b":
