@@ -31,9 +31,11 @@ def plot_report(report: SimulationReport, path: str | Path) -> None:
     """Draw usage per group and the hit rate against simulated time into ``path``.
 
     Top panel: blocks held per KV cache group and by the whole pool, as a
-    share of the pool. Bottom panel: the cumulative prefix-hit rate (first
-    admissions) with the workload's unbounded-cache ceiling, and the running
-    and waiting requests on a second axis.
+    share of the pool (in a two-level pool: a group's small pages in large
+    pages' worth of memory, and the large pages holding a block in use).
+    Bottom panel: the cumulative prefix-hit rate (first admissions) with the
+    workload's unbounded-cache ceiling, and the running and waiting requests
+    on a second axis.
 
     Raises:
         PlotUnavailableError: matplotlib is missing.
@@ -54,9 +56,12 @@ def _draw(plt: Any, report: SimulationReport, path: str | Path) -> None:
     # Groups with the same series (the groups of one windowed type, strided
     # over a model's layers, hold the same blocks at every step) are one line
     # labelled with all of them.
-    series: dict[tuple[int, ...], list[GroupUse]] = {}
+    # In a two-level pool a group's small pages are counted in large pages
+    # (the pool's unit), so that every line is a share of the same memory.
+    per_page = [g.pages_per_large_page for g in report.plan.groups]
+    series: dict[tuple[float, ...], list[GroupUse]] = {}
     for group in report.blocks.groups:
-        values = tuple(s.group_blocks[group.group] for s in samples)
+        values = tuple(s.group_blocks[group.group] / per_page[group.group] for s in samples)
         series.setdefault(values, []).append(group)
     styles = ("-", "--", ":", "-.")
     for number, (values, groups) in enumerate(series.items()):
@@ -68,7 +73,9 @@ def _draw(plt: Any, report: SimulationReport, path: str | Path) -> None:
             linestyle=styles[number % len(styles)],
             color=f"C{number % 10}",
         )
-    top.set_ylabel("blocks held (% of pool)")
+    top.set_ylabel(
+        "memory held (% of pool)" if report.blocks.classes else "blocks held (% of pool)"
+    )
     top.set_ylim(0, 105)
     top.legend(loc="upper left")
     top.grid(alpha=0.3)
