@@ -105,6 +105,8 @@ def _run(workload: Workload, options: SimulationOptions) -> dict[str, Any]:
         "mean_running": steps.mean_running,
         "peak_memory_usage": report.blocks.peak_memory_usage,
         "evicted_blocks": report.eviction.evicted_blocks,
+        "max_model_len": report.plan.max_model_len,
+        "rejected": report.workload.rejected_too_long,
         "wall_s": time.perf_counter() - started,
     }
     if options.pool == "two-level":
@@ -198,12 +200,14 @@ def mooncake(recorder: Recorder) -> None:
             rows.append((
                 model, policy, percent(shared["hit_rate"]), percent(two["hit_rate"]),
                 f"{points:+.1f}", percent(two["fine_ceiling_rate"]),
+                f"{shared['grid']} / {two['grid']}",
                 f"{shared['preemptions']:,} / {two['preemptions']:,}",
             ))  # fmt: skip
     recorder.data["runs"] = runs
     header = (
         "model", "policy", "shared", "two-level", "difference (points)",
-        "ceiling at 16 tokens", "preemptions (shared / two-level)",
+        "ceiling at 16 tokens", "hit grid (shared / two-level, tokens)",
+        "preemptions (shared / two-level)",
     )  # fmt: skip
     title = f"The first {MOONCAKE_REQUESTS:,} requests of the conversation trace at 80 GiB"
     recorder.tables["policies"] = table(title, header, rows)
@@ -238,7 +242,7 @@ def sweep(recorder: Recorder, checkpoints: Sequence[int]) -> None:
     header = (
         "model", "memory", "checkpoint (tokens)", "state memory per request (at most)",
         "state memory per running request (mean held)", "hit rate",
-        "share of the 16-token ceiling", "preemptions", "peak running",
+        "share of the 16-token ceiling", "preemptions", "peak running", "max_model_len",
     )  # fmt: skip
     recorder.tables["sweep"] = table("The Mamba checkpoint sweep (two-level pool)", header, rows)
     _sweep_figures(recorder, runs, checkpoints)
@@ -250,11 +254,15 @@ def _sweep_row(model: str, memory: str, row: dict[str, Any]) -> tuple[str, ...]:
     most = _mib(row["most_state_bytes"])
     if "refused" in row:
         return (model, memory.replace("GiB", " GiB"), str(row["checkpoint"]), most,
-                "does not fit", "", "", "", "")  # fmt: skip
+                "does not fit", "", "", "", "", "")  # fmt: skip
+    longest = f"{row['max_model_len']:,}"
+    if row["rejected"]:
+        longest += f" ({row['rejected']:,} requests too long)"
     return (
         model, memory.replace("GiB", " GiB"), str(row["checkpoint"]), most,
         _mib(row["held_state_bytes"]), percent(row["hit_rate"]),
         percent(row["of_fine_ceiling"]), f"{row['preemptions']:,}", f"{row['peak_running']:,}",
+        longest,
     )  # fmt: skip
 
 
