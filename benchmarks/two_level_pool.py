@@ -34,9 +34,11 @@ place.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from _common import CONVERSATION_TRACE, REPO
@@ -81,6 +83,36 @@ def _held_state_per_request(report: SimulationReport, options: SimulationOptions
         if s.running
     ]
     return sum(per_request) / len(per_request) if per_request else 0.0
+
+
+class _Cache:
+    """Finished runs kept in a JSON file (``--cache``), so an interrupted measurement resumes.
+
+    A run is keyed by its measurement and options; delete the file to
+    measure again (the record's date is the date of the run that wrote it).
+    """
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self.runs: dict[str, dict[str, Any]] = {}
+
+    def load(self, path: Path | None) -> None:
+        """Keep runs in ``path`` from now on, starting from those it holds."""
+        self.path = path
+        if path is not None and path.exists():
+            self.runs = json.loads(path.read_text())
+
+    def run(self, key: str, workload: Workload, options: SimulationOptions) -> dict[str, Any]:
+        """The cached row for ``key``, or a fresh run of ``options`` (then kept)."""
+        if key in self.runs:
+            return self.runs[key]
+        row = self.runs[key] = _run(workload, options)
+        if self.path is not None:
+            self.path.write_text(json.dumps(self.runs, indent=1) + "\n")
+        return row
+
+
+CACHE = _Cache()
 
 
 def _run(workload: Workload, options: SimulationOptions) -> dict[str, Any]:
@@ -138,7 +170,8 @@ def builtin(recorder: Recorder) -> None:
         for model in MODELS:
             for pool in POOLS:
                 key = f"{model}-{memory}-{pool}"
-                runs[key] = _run(workload, SimulationOptions(model=model, memory=memory, pool=pool))
+                options = SimulationOptions(model=model, memory=memory, pool=pool)
+                runs[key] = CACHE.run(f"builtin-{key}", workload, options)
                 _say(key, runs[key])
     recorder.data["runs"] = runs
     header = (
@@ -191,7 +224,7 @@ def mooncake(recorder: Recorder) -> None:
             for pool in POOLS:
                 key = f"{model}-{policy}-{pool}"
                 options = SimulationOptions(model=model, pool=pool, eviction=policy)
-                runs[key] = _run(workload, options)
+                runs[key] = CACHE.run(f"mooncake-{key}", workload, options)
                 _say(key, runs[key])
                 pair.append(runs[key])
             shared, two = pair
@@ -230,7 +263,7 @@ def sweep(recorder: Recorder, checkpoints: Sequence[int]) -> None:
                 options = SimulationOptions(
                     model=model, memory=memory, pool="two-level", mamba_checkpoint=checkpoint
                 )
-                row = runs[key] = _run(workload, options)
+                row = runs[key] = dict(CACHE.run(f"sweep-{key}", workload, options))
                 try:
                     one, most = _state_bytes(options)
                 except KVCoreError:  # the run said why; the sizes are not there either
@@ -320,7 +353,12 @@ def main(argv: list[str] | None = None) -> int:
         "--checkpoints", type=lambda text: [int(t) for t in text.split(",")],
         default=list(CHECKPOINTS), help="sweep: checkpoints, comma-separated",
     )  # fmt: skip
+    parser.add_argument(
+        "--cache", type=Path, default=None,
+        help="keep finished runs in this JSON file and reuse them (resume a measurement)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    CACHE.load(args.cache)
     names = {
         "builtin": "two-level-builtin",
         "mooncake": "two-level-mooncake",
