@@ -39,7 +39,7 @@ from kvcore._sim.report import (
 from kvcore._sim.scheduler import Scheduler, SchedulerConfig, SimRequest
 from kvcore._sim.workload import Workload
 from kvcore.errors import InvalidConfigError
-from kvcore.eviction import EvictionPolicyFactory, PoolInfo
+from kvcore.eviction import EvictionPolicyFactory, GroupInfo, PoolInfo
 
 __all__ = ["DEFAULT_MODEL", "SimulationOptions", "plan_for", "simulate"]
 
@@ -186,14 +186,15 @@ def _replay(
     )
     on_lookup = None
     if oracle:
-        (belady,) = oracle
-        uses = belady.uses = FutureUses(
+        uses = FutureUses(
             [r.trace for r in accepted],
             ceiling_hits,
-            belady.groups,
+            _oracle_groups(oracle),
             manager.hash_block_size,
             options.hash_algorithm,
         )
+        for belady in oracle:
+            belady.uses = uses
 
         def on_lookup(entry: SimRequest) -> None:
             uses.now = max(uses.now, entry.index)
@@ -203,6 +204,22 @@ def _replay(
     scheduler = Scheduler(manager, options.scheduler, fresh, on_lookup=on_lookup, on_step=on_step)
     scheduler.run(progress)
     return _Replay(manager, scheduler)
+
+
+def _oracle_groups(oracles: Sequence[BeladyPolicy]) -> list[GroupInfo]:
+    """Every group as the oracle of the pool holding its blocks sees it.
+
+    A shared pool builds one oracle; a two-level pool one per page class,
+    each told that the other classes' groups cache nothing in it. The
+    oracles share one :class:`FutureUses`, keyed by group, so each group is
+    taken from the oracle that caches it.
+    """
+    groups = list(oracles[0].groups)
+    for belady in oracles[1:]:
+        for index, info in enumerate(belady.groups):
+            if info.prefix_cached:
+                groups[index] = info
+    return groups
 
 
 def plan_for(options: SimulationOptions, registry: Registry) -> KVCachePlan:

@@ -125,3 +125,14 @@ def test_peak_running_requests():
     assert report.steps.peak_running == 3
     assert report.steps.mean_running == pytest.approx((3 + 2 + 1 + 0) / 4)
     assert "3 at most" in format_report(report)
+
+
+def test_the_offline_optimum_replays_a_two_level_pool():
+    # One oracle per page class, sharing the future uses: with room for
+    # everything it hits what LRU hits, the one 512-token block.
+    options = SimulationOptions(
+        model=MODEL, memory="2GiB", max_model_len=8192, pool="two-level", with_belady=True
+    )
+    report = simulate(_prefix_pair(), options)
+    assert report.prefix_cache.hit_tokens == 512
+    assert report.eviction.belady_hit_tokens == 512
