@@ -46,6 +46,7 @@ from _record import Recorder, percent, table
 from _svg import line_chart
 
 from kvcore._eviction.registry import available_eviction_policies
+from kvcore._planning.pool_choice import PoolChoice
 from kvcore._plugin_loader import load_registry
 from kvcore._sim import SimulationOptions, load_workload, simulate
 from kvcore._sim.report import SimulationReport
@@ -55,8 +56,8 @@ from kvcore.errors import KVCoreError
 
 MODELS = ("qwen3-next-80b", "jamba-v0.1")
 MEMORIES = ("80GiB", "8GiB")
-POOLS = ("shared", "two-level")
-CHECKPOINTS = (16, 64, 128, 256, 512, 1024, 2048)
+POOLS: tuple[PoolChoice, ...] = ("shared", "two-level")
+CHECKPOINTS = (16, 256, 512, 1024, 2048)
 MOONCAKE_REQUESTS = 1000
 SWEEP_PLOT = REPO / "docs" / "_static" / "mamba-checkpoint-sweep.svg"
 
@@ -308,7 +309,7 @@ def _best_checkpoint(runs: dict[str, dict[str, Any]], checkpoints: Sequence[int]
 
     def mean_hits(checkpoint: int) -> float:
         cells = [runs[f"{m}-{mem}-{checkpoint}"] for m in MODELS for mem in MEMORIES]
-        return sum(c.get("hit_rate", 0.0) for c in cells) / len(cells)
+        return float(sum(c.get("hit_rate", 0.0) for c in cells)) / len(cells)
 
     return max(checkpoints, key=lambda c: (round(mean_hits(c), 4), c))
 
@@ -364,7 +365,10 @@ def main(argv: list[str] | None = None) -> int:
         "mooncake": "two-level-mooncake",
         "sweep": "mamba-checkpoint-sweep",
     }
-    given = argv if argv is not None else sys.argv[1:]
+    given = list(argv if argv is not None else sys.argv[1:])
+    if args.cache is not None:  # where runs are kept is no part of the measurement
+        at = next(i for i, word in enumerate(given) if word.startswith("--cache"))
+        del given[at : at + (1 if "=" in given[at] else 2)]
     shown = ["python", "benchmarks/two_level_pool.py", *given]
     recorder = Recorder(names[args.measurement], enabled=args.record, command=" ".join(shown))
     if args.measurement == "builtin":
