@@ -164,7 +164,8 @@ class BeladyPolicy:
         self.groups = info.groups
         #: The oracle; must be set before the first block is freed.
         self.uses = uses
-        self._fresh_start = 0
+        # A page class of a two-level pool starts with no free block.
+        self._fresh_start = 0 if info.free_at_start else n
         self._fresh_end = n
         self._free = bytearray(n)
         self._key = array("q", bytes(8 * n))
@@ -192,9 +193,12 @@ class BeladyPolicy:
             self._fresh_start += fresh
             n -= fresh
         free = self._free
+        keys = self._key
         worthless = self._worthless
         while n and worthless:
             block = worthless.popleft()
+            if not free[block] or keys[block] != -1:
+                continue  # revived (a two-level pool's page left its class), or queued by use
             free[block] = 0
             out.append(block)
             n -= 1
@@ -233,10 +237,11 @@ class BeladyPolicy:
             self._compact()
 
     def revive(self, block: int) -> None:
-        """A hit took the block back (its heap entry becomes stale)."""
+        """A hit took the block back, or its large page left the class (its entry goes stale)."""
+        if self._key[block] != -1:
+            self.num_in_heap -= 1
         self._free[block] = 0
         self._key[block] = -1
-        self.num_in_heap -= 1
 
     def cached(
         self,
@@ -264,7 +269,8 @@ class BeladyPolicy:
     def __iter__(self) -> Iterator[int]:
         """The free blocks (fresh, hashless, then by next use, latest first)."""
         yield from range(self._fresh_start, self._fresh_end)
-        yield from self._worthless
+        free, keys = self._free, self._key
+        yield from (b for b in dict.fromkeys(self._worthless) if free[b] and keys[b] == -1)
         mask = (1 << _BLOCK_BITS) - 1
         seen = set()
         for entry in sorted((-e for e in self._heap), reverse=True):

@@ -97,11 +97,15 @@ class Sample:
     Attributes:
         step: Step number (1-based).
         time_s: Simulated time at the end of the step, in seconds.
-        used_blocks: Blocks held by requests, over the whole pool.
-        group_blocks: Distinct blocks held by requests, per KV cache group.
+        used_blocks: Blocks held by requests, over the whole pool (in a
+            two-level pool: large pages with a small page in use).
+        group_blocks: Distinct blocks held by requests, per KV cache group
+            (small pages of the group's class in a two-level pool).
         running: Running requests.
         waiting: Arrived requests waiting for admission.
         hit_rate: Prompt tokens hit / prompt tokens, over first admissions so far.
+        class_pages: Large pages each page class owns, by class (a two-level
+            pool; empty for a shared pool).
     """
 
     step: int
@@ -111,6 +115,7 @@ class Sample:
     running: int
     waiting: int
     hit_rate: float
+    class_pages: tuple[int, ...] = ()
 
 
 class Sampler:

@@ -8,7 +8,7 @@ from typing import Any
 from kvcore._sim.report import GroupUse, SimulationReport
 from kvcore.errors import KVCoreError
 
-__all__ = ["PlotUnavailableError", "plot_report"]
+__all__ = ["PlotUnavailableError", "group_shares", "plot_report"]
 
 
 class PlotUnavailableError(KVCoreError, ImportError):
@@ -31,9 +31,11 @@ def plot_report(report: SimulationReport, path: str | Path) -> None:
     """Draw usage per group and the hit rate against simulated time into ``path``.
 
     Top panel: blocks held per KV cache group and by the whole pool, as a
-    share of the pool. Bottom panel: the cumulative prefix-hit rate (first
-    admissions) with the workload's unbounded-cache ceiling, and the running
-    and waiting requests on a second axis.
+    share of the pool (in a two-level pool: a group's small pages in large
+    pages' worth of memory, and the large pages holding a block in use).
+    Bottom panel: the cumulative prefix-hit rate (first admissions) with the
+    workload's unbounded-cache ceiling, and the running and waiting requests
+    on a second axis.
 
     Raises:
         PlotUnavailableError: matplotlib is missing.
@@ -51,24 +53,20 @@ def _draw(plt: Any, report: SimulationReport, path: str | Path) -> None:
     times = [s.time_s for s in samples]
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.4), sharex=True)
     top.plot(times, [100 * s.used_blocks / usable for s in samples], color="black", label="pool")
-    # Groups with the same series (the groups of one windowed type, strided
-    # over a model's layers, hold the same blocks at every step) are one line
-    # labelled with all of them.
-    series: dict[tuple[int, ...], list[GroupUse]] = {}
-    for group in report.blocks.groups:
-        values = tuple(s.group_blocks[group.group] for s in samples)
-        series.setdefault(values, []).append(group)
+    series = group_shares(report)
     styles = ("-", "--", ":", "-.")
     for number, (values, groups) in enumerate(series.items()):
         top.plot(
             times,
-            [100 * v / usable for v in values],
+            [100 * v for v in values],
             label=_group_label(groups),
             linewidth=1.4,
             linestyle=styles[number % len(styles)],
             color=f"C{number % 10}",
         )
-    top.set_ylabel("blocks held (% of pool)")
+    top.set_ylabel(
+        "memory held (% of pool)" if report.blocks.classes else "blocks held (% of pool)"
+    )
     top.set_ylim(0, 105)
     top.legend(loc="upper left")
     top.grid(alpha=0.3)
@@ -108,6 +106,25 @@ def _draw(plt: Any, report: SimulationReport, path: str | Path) -> None:
         raise KVCoreError(msg) from None
     finally:
         plt.close(figure)
+
+
+def group_shares(report: SimulationReport) -> dict[tuple[float, ...], list[GroupUse]]:
+    """Each group's blocks held at every sample as a share of the pool (0.0 to 1.0).
+
+    In a two-level pool a group's small pages are counted in large pages'
+    worth of memory (the pool's unit), so that every share is one of the
+    same memory. Groups with the same series (the groups of one windowed
+    type, strided over a model's layers, hold the same blocks at every step)
+    are one entry, listing all of them.
+    """
+    usable = report.blocks.usable or 1
+    per_page = [g.pages_per_large_page for g in report.plan.groups]
+    series: dict[tuple[float, ...], list[GroupUse]] = {}
+    for group in report.blocks.groups:
+        scale = per_page[group.group] * usable
+        values = tuple(s.group_blocks[group.group] / scale for s in report.samples)
+        series.setdefault(values, []).append(group)
+    return series
 
 
 def _group_label(groups: list[GroupUse]) -> str:

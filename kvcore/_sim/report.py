@@ -18,6 +18,7 @@ from kvcore._sim.metrics import OpSummary, Sample
 
 __all__ = [
     "BlockUse",
+    "ClassUse",
     "EvictionResult",
     "GroupPlan",
     "GroupUse",
@@ -76,6 +77,10 @@ class GroupPlan:
         block_size: Tokens per block.
         page_size_bytes: Bytes per block.
         prefix_cached: Whether the group's blocks are prefix-cached.
+        page_class: The group's page class in a two-level pool (``None``:
+            shared pool).
+        pages_per_large_page: Its small pages in one large page (1 in a
+            shared pool, where a block is the pool's unit).
     """
 
     kind: str
@@ -84,6 +89,8 @@ class GroupPlan:
     block_size: int
     page_size_bytes: int
     prefix_cached: bool
+    page_class: int | None = None
+    pages_per_large_page: int = 1
 
 
 @attrs.frozen(kw_only=True)
@@ -138,12 +145,21 @@ class PrefixCacheResult:
         prompt_tokens: Prompt tokens of the first admissions.
         ceiling_tokens: Prompt tokens an unbounded cache would serve.
         ceiling_block_size: Granularity of the ceiling (the hit alignment).
+        fine_ceiling_tokens: Prompt tokens an unbounded cache would serve at
+            :attr:`fine_block_size` (equal to ``ceiling_tokens`` when the two
+            granularities agree).
+        fine_block_size: The smallest block size of the model's layers as
+            planned before any was raised or checkpointed (16 tokens for the
+            planner's default): the finest grid a hit could fall on, the
+            same for every pool, so that pools are judged alike.
     """
 
     hit_tokens: int
     prompt_tokens: int
     ceiling_tokens: int
     ceiling_block_size: int
+    fine_ceiling_tokens: int
+    fine_block_size: int
 
     @property
     def hit_rate(self) -> float:
@@ -159,6 +175,16 @@ class PrefixCacheResult:
     def fraction_of_ceiling(self) -> float:
         """``hit_rate / ceiling_rate`` (1.0 when the ceiling is 0)."""
         return _ratio(self.hit_rate, self.ceiling_rate, 1.0)
+
+    @property
+    def fine_ceiling_rate(self) -> float:
+        """``fine_ceiling_tokens / prompt_tokens``."""
+        return _ratio(self.fine_ceiling_tokens, self.prompt_tokens)
+
+    @property
+    def fraction_of_fine_ceiling(self) -> float:
+        """``hit_rate / fine_ceiling_rate`` (1.0 when that ceiling is 0)."""
+        return _ratio(self.hit_rate, self.fine_ceiling_rate, 1.0)
 
 
 @attrs.frozen(kw_only=True)
@@ -214,16 +240,53 @@ class GroupUse:
 
 
 @attrs.frozen(kw_only=True)
-class BlockUse:
-    """Pool use, exact per step (pool) and sampled (groups).
+class ClassUse:
+    """The large pages one page class of a two-level pool owned (sampled).
+
+    A class owns a large page from the moment it is carved for it until it
+    goes back to the common pool: while any of its small pages is in use or
+    still caches a prefix.
 
     Attributes:
-        usable: Blocks of the pool but the null block.
-        peak: Most blocks held at the end of a step.
-        mean: Mean blocks held per step.
-        groups: Per group, sampled.
+        page_class: The class.
+        page_size_bytes: Its small page, in bytes (in one backing run).
+        groups: Its groups' ids.
+        peak: Most large pages owned at a sample.
+        mean: Mean over the samples.
+    """
+
+    page_class: int
+    page_size_bytes: int
+    groups: tuple[int, ...]
+    peak: int
+    mean: float
+
+
+@attrs.frozen(kw_only=True)
+class BlockUse:
+    """Pool use, exact per step (pool) and sampled (groups, classes).
+
+    In a two-level pool the pool's unit is the large page: ``usable``,
+    ``peak`` and ``mean`` count large pages of which at least one small page
+    is in use (memory no other class can have), while the memory usages
+    count the small pages in use by their size.
+
+    Attributes:
+        usable: Blocks of the pool but the null block (large pages but large
+            page 0 in a two-level pool).
+        peak: Most blocks held at the end of a step (large pages with a
+            small page in use).
+        mean: Mean blocks held per step (the same unit).
+        groups: Per group, sampled: distinct blocks (small pages) held.
         samples: Samples taken.
         sample_interval_steps: Steps between samples at the end of the run.
+        unit: ``"blocks"`` or ``"large pages"``: what ``usable``, ``peak``
+            and ``mean`` count.
+        peak_memory_usage: Most memory held by blocks in use at the end of a
+            step, as a share of the pool (0.0 to 1.0; ``peak_usage`` in a
+            shared pool).
+        mean_memory_usage: Its mean per step.
+        classes: Per page class, sampled (empty for a shared pool).
     """
 
     usable: int
@@ -232,6 +295,10 @@ class BlockUse:
     groups: tuple[GroupUse, ...]
     samples: int
     sample_interval_steps: int
+    unit: str = "blocks"
+    peak_memory_usage: float = 0.0
+    mean_memory_usage: float = 0.0
+    classes: tuple[ClassUse, ...] = ()
 
     @property
     def peak_usage(self) -> float:
@@ -254,6 +321,7 @@ class StepStats:
         scheduled_tokens: Tokens scheduled over all steps.
         simulated_s: Simulated time at the end.
         mean_running: Mean running requests per step.
+        peak_running: Most requests running at the end of a step.
     """
 
     count: int
@@ -261,6 +329,7 @@ class StepStats:
     scheduled_tokens: int
     simulated_s: float
     mean_running: float
+    peak_running: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -311,7 +380,13 @@ class Timing:
 
 # Derived values written to JSON after each section's fields.
 _DERIVED: dict[type, tuple[str, ...]] = {
-    PrefixCacheResult: ("hit_rate", "ceiling_rate", "fraction_of_ceiling"),
+    PrefixCacheResult: (
+        "hit_rate",
+        "ceiling_rate",
+        "fraction_of_ceiling",
+        "fine_ceiling_rate",
+        "fraction_of_fine_ceiling",
+    ),
     BlockUse: ("peak_usage", "mean_usage"),
 }
 
@@ -398,6 +473,7 @@ class SimulationReport:
                 "time_s": [round(s.time_s, 3) for s in self.samples],
                 "used_blocks": [s.used_blocks for s in self.samples],
                 "group_blocks": [list(s.group_blocks) for s in self.samples],
+                "class_pages": [list(s.class_pages) for s in self.samples],
                 "running": [s.running for s in self.samples],
                 "waiting": [s.waiting for s in self.samples],
                 "hit_rate": [round(s.hit_rate, 6) for s in self.samples],
@@ -407,6 +483,51 @@ class SimulationReport:
 
 def _pct(value: float) -> str:
     return f"{100 * value:.1f} %"
+
+
+def _hits_line(pc: PrefixCacheResult) -> str:
+    line = (
+        f"  prefix hits  {_pct(pc.hit_rate)} of prompt tokens ({pc.hit_tokens:,}); "
+        f"unbounded-cache ceiling {_pct(pc.ceiling_rate)} at {pc.ceiling_block_size}-token "
+        f"blocks ({_pct(pc.fraction_of_ceiling)} of it reached)"
+    )
+    if pc.fine_block_size != pc.ceiling_block_size:
+        line += (
+            f", {_pct(pc.fine_ceiling_rate)} at {pc.fine_block_size}-token blocks "
+            f"({_pct(pc.fraction_of_fine_ceiling)})"
+        )
+    return line
+
+
+def _block_lines(blocks: BlockUse) -> list[str]:
+    """The pool's use (in its unit; memory too for a two-level pool), then per group and class."""
+    line = (
+        f"  blocks       pool of {blocks.usable:,} {blocks.unit}: peak {blocks.peak:,} "
+        f"({_pct(blocks.peak_usage)}), mean {blocks.mean:,.0f} ({_pct(blocks.mean_usage)})"
+    )
+    if blocks.classes:
+        line += (
+            f" holding a block in use; memory in blocks in use peak "
+            f"{_pct(blocks.peak_memory_usage)}, mean {_pct(blocks.mean_memory_usage)}"
+        )
+    lines = [line]
+    lines.extend(
+        f"               group {g.group} {g.kind}: peak {g.peak:,}, mean {g.mean:,.0f} blocks held"
+        for g in blocks.groups
+    )
+    lines.extend(
+        f"               class {c.page_class} ({_size(c.page_size_bytes)} pages, groups "
+        f"{', '.join(map(str, c.groups))}): peak {c.peak:,}, mean {c.mean:,.0f} large pages owned"
+        for c in blocks.classes
+    )
+    return lines
+
+
+def _size(num_bytes: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{num_bytes} B"
 
 
 def format_report(report: SimulationReport) -> str:
@@ -436,9 +557,7 @@ def format_report(report: SimulationReport) -> str:
         f"{wl.rejected_too_long} rejected (prompt >= max_model_len), "
         f"{wl.output_capped} outputs capped, {wl.bad_lines} bad lines skipped",
         f"  tokens       {wl.prompt_tokens:,} prompt, {wl.output_tokens:,} output",
-        f"  prefix hits  {_pct(pc.hit_rate)} of prompt tokens ({pc.hit_tokens:,}); "
-        f"unbounded-cache ceiling {_pct(pc.ceiling_rate)} at {pc.ceiling_block_size}-token "
-        f"blocks ({_pct(pc.fraction_of_ceiling)} of it reached)",
+        _hits_line(pc),
         f"  eviction     {eviction.policy}: {eviction.evicted_blocks:,} cached blocks evicted"
         + (
             f"; offline optimum (belady) {_pct(belady)}"
@@ -447,19 +566,14 @@ def format_report(report: SimulationReport) -> str:
         ),
         f"  preemptions  {pre.count:,} ({pre.requests:,} requests); {pre.lost_tokens:,} "
         f"computed tokens dropped, {pre.resume_hit_tokens:,} found again in the cache",
-        f"  blocks       pool of {blocks.usable:,}: peak {blocks.peak:,} "
-        f"({_pct(blocks.peak_usage)}), mean {blocks.mean:,.0f} "
-        f"({_pct(blocks.mean_usage)})",
+        *_block_lines(blocks),
     ]
-    lines.extend(
-        f"               group {g.group} {g.kind}: peak {g.peak:,}, mean {g.mean:,.0f} blocks held"
-        for g in blocks.groups
-    )
     lines += [
         f"               (per group: {blocks.samples} samples, one every "
         f"{blocks.sample_interval_steps} steps)",
         f"  steps        {steps.count:,} ({steps.with_prefill:,} with prefill), "
-        f"{steps.simulated_s:,.1f} s simulated, {steps.mean_running:.1f} running on average",
+        f"{steps.simulated_s:,.1f} s simulated, {steps.mean_running:.1f} running on average, "
+        f"{steps.peak_running:,} at most",
         f"  manager      {mgr.total_s:.3f} s in kvcore; per step p50 "
         f"{mgr.per_step_p50_us:.1f} µs, p99 {mgr.per_step_p99_us:.1f} µs, "
         f"mean {mgr.per_step_mean_us:.1f} µs",

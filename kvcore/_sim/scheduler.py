@@ -45,6 +45,7 @@ from kvcore._kv_cache_manager import KVCacheManager
 from kvcore._request import Request
 from kvcore._sim.metrics import OP_KINDS, OpTimes, Sample, Sampler, timer_overhead_ns
 from kvcore._trace import TraceRequest
+from kvcore._two_level_pool import TwoLevelBlockPool
 from kvcore.errors import InvalidConfigError
 
 __all__ = ["ARRIVAL_MODES", "SchedulerConfig", "SimRequest", "Scheduler", "UnservableRequestError"]
@@ -217,13 +218,19 @@ class Scheduler:
         # First-admission hits, in prompt tokens.
         self.hit_tokens = 0
         self.prompt_tokens = 0
-        # Exact per-step pool use and load.
+        # Exact per-step pool use and load. A two-level pool counts large
+        # pages: one is used while any of its small pages is in use.
         pool = manager.block_pool
         self._pool = pool
         self.usable_blocks = pool.num_blocks - 1
         self.peak_used_blocks = 0
         self.sum_used_blocks = 0
+        # The memory held by blocks in use, as a share of the pool (small
+        # pages by their size in a two-level pool; used / usable otherwise).
+        self.peak_memory_usage = 0.0
+        self.sum_memory_usage = 0.0
         self.sum_running = 0
+        self.peak_running = 0
         self.prefill_steps = 0
         # Steps in which every scheduled request decoded one token (no
         # admission, no prefill chunk), and the manager time they took.
@@ -346,7 +353,7 @@ class Scheduler:
         msg = (
             f"request {head.trace.request_id!r} ({head.trace.input_length} prompt "
             f"tokens) cannot be admitted even with every block free "
-            f"({self.usable_blocks} blocks); raise --memory or lower --max-model-len"
+            f"({self.usable_blocks} {self.pool_unit}); raise --memory or lower --max-model-len"
         )
         return UnservableRequestError(msg)
 
@@ -390,7 +397,12 @@ class Scheduler:
         used = self.usable_blocks - self._pool.get_num_free_blocks()
         self.sum_used_blocks += used
         self.peak_used_blocks = max(self.peak_used_blocks, used)
-        self.sum_running += len(self.running)
+        memory = self._pool.get_usage()
+        self.sum_memory_usage += memory
+        self.peak_memory_usage = max(self.peak_memory_usage, memory)
+        running = len(self.running)
+        self.sum_running += running
+        self.peak_running = max(self.peak_running, running)
         if self.sampler.wants(self.step_count):
             self.sampler.add(self._sample(used))
 
@@ -418,15 +430,23 @@ class Scheduler:
                 held.update(table)
             held.discard(0)
             group_blocks.append(len(held))
+        pool = self._pool
+        pages = pool.pages if isinstance(pool, TwoLevelBlockPool) else None
         return Sample(
             step=self.step_count,
             time_s=self.clock_ms / 1000.0,
             used_blocks=used,
             group_blocks=tuple(group_blocks),
+            class_pages=tuple(pages.owned) if pages is not None else (),
             running=len(self.running),
             waiting=len(self.waiting),
             hit_rate=self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
         )
+
+    @property
+    def pool_unit(self) -> str:
+        """What :attr:`usable_blocks` counts: ``"blocks"``, or ``"large pages"`` (two-level)."""
+        return "large pages" if isinstance(self._pool, TwoLevelBlockPool) else "blocks"
 
     # -- the whole run ----------------------------------------------------------------
 

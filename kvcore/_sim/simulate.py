@@ -19,9 +19,10 @@ from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
 from kvcore._sim.belady import BeladyPolicy, FutureUses
 from kvcore._sim.ceiling import prefix_reuse_hits
-from kvcore._sim.metrics import OP_KINDS, percentile
+from kvcore._sim.metrics import OP_KINDS, Sample, percentile
 from kvcore._sim.report import (
     BlockUse,
+    ClassUse,
     EvictionResult,
     GroupPlan,
     GroupUse,
@@ -38,7 +39,7 @@ from kvcore._sim.report import (
 from kvcore._sim.scheduler import Scheduler, SchedulerConfig, SimRequest
 from kvcore._sim.workload import Workload
 from kvcore.errors import InvalidConfigError
-from kvcore.eviction import EvictionPolicyFactory, PoolInfo
+from kvcore.eviction import EvictionPolicyFactory, GroupInfo, PoolInfo
 
 __all__ = ["DEFAULT_MODEL", "SimulationOptions", "plan_for", "simulate"]
 
@@ -102,6 +103,7 @@ class SimulationOptions:
 
 
 def _group_plans(config: Any, registry: Registry) -> tuple[GroupPlan, ...]:
+    pool = config.page_pool
     return tuple(
         GroupPlan(
             kind=group.kv_cache_spec.kind,
@@ -112,9 +114,40 @@ def _group_plans(config: Any, registry: Registry) -> tuple[GroupPlan, ...]:
             prefix_cached=registry.manager_class(group.kv_cache_spec).is_prefix_cacheable(
                 group.kv_cache_spec
             ),
+            page_class=None if pool is None else pool.group_classes[index],
+            pages_per_large_page=(
+                1 if pool is None else pool.pages_per_large_page(pool.group_classes[index])
+            ),
         )
-        for group in config.kv_cache_groups
+        for index, group in enumerate(config.kv_cache_groups)
     )
+
+
+@attrs.frozen
+class _Ceilings:
+    """The unbounded-cache hits per request at the hit grid, and the total at the finest grid."""
+
+    hits: list[int]
+    block_size: int
+    fine_tokens: int
+    fine_block_size: int
+
+
+def _ceilings(
+    plan: KVCachePlan, groups: Sequence[GroupPlan], accepted: list[SimRequest]
+) -> _Ceilings:
+    """The ceiling at the hit alignment (lcm of the cached groups' blocks) and at the finest block.
+
+    The finest block is the smallest block size of the model's layers as
+    built, before the planner raised one or put states on a checkpoint grid.
+    """
+    cacheable = [g.block_size for g in groups if g.prefix_cached]
+    granularity = math.lcm(*cacheable) if cacheable else 1
+    traces = [r.trace for r in accepted]
+    hits = prefix_reuse_hits(traces, granularity)
+    fine = min((spec.block_size for spec in plan.layer_specs.values()), default=granularity)
+    fine_tokens = sum(hits) if fine == granularity else sum(prefix_reuse_hits(traces, fine))
+    return _Ceilings(hits, granularity, fine_tokens, fine)
 
 
 @attrs.frozen
@@ -153,14 +186,15 @@ def _replay(
     )
     on_lookup = None
     if oracle:
-        (belady,) = oracle
-        uses = belady.uses = FutureUses(
+        uses = FutureUses(
             [r.trace for r in accepted],
             ceiling_hits,
-            belady.groups,
+            _oracle_groups(oracle),
             manager.hash_block_size,
             options.hash_algorithm,
         )
+        for belady in oracle:
+            belady.uses = uses
 
         def on_lookup(entry: SimRequest) -> None:
             uses.now = max(uses.now, entry.index)
@@ -170,6 +204,22 @@ def _replay(
     scheduler = Scheduler(manager, options.scheduler, fresh, on_lookup=on_lookup, on_step=on_step)
     scheduler.run(progress)
     return _Replay(manager, scheduler)
+
+
+def _oracle_groups(oracles: Sequence[BeladyPolicy]) -> list[GroupInfo]:
+    """Every group as the oracle of the pool holding its blocks sees it.
+
+    A shared pool builds one oracle; a two-level pool one per page class,
+    each told that the other classes' groups cache nothing in it. The
+    oracles share one :class:`FutureUses`, keyed by group, so each group is
+    taken from the oracle that caches it.
+    """
+    groups = list(oracles[0].groups)
+    for belady in oracles[1:]:
+        for index, info in enumerate(belady.groups):
+            if info.prefix_cached:
+                groups[index] = info
+    return groups
 
 
 def plan_for(options: SimulationOptions, registry: Registry) -> KVCachePlan:
@@ -234,9 +284,8 @@ def simulate(
     groups = _group_plans(plan.kv_cache_config, registry)
     _check_cacheable(options, groups)
     admitted = admissible(workload, plan.max_model_len)
-    cacheable = [g.block_size for g in groups if g.prefix_cached]
-    granularity = math.lcm(*cacheable) if cacheable else 1
-    ceiling_hits = prefix_reuse_hits([r.trace for r in admitted.accepted], granularity)
+    ceilings = _ceilings(plan, groups, admitted.accepted)
+    ceiling_hits = ceilings.hits
     setup_s = time.perf_counter() - started
 
     replay_started = time.perf_counter()
@@ -270,7 +319,9 @@ def simulate(
             hit_tokens=scheduler.hit_tokens,
             prompt_tokens=scheduler.prompt_tokens,
             ceiling_tokens=sum(ceiling_hits),
-            ceiling_block_size=granularity,
+            ceiling_block_size=ceilings.block_size,
+            fine_ceiling_tokens=ceilings.fine_tokens,
+            fine_block_size=ceilings.fine_block_size,
         ),
         preemptions=Preemptions(
             count=scheduler.num_preemptions,
@@ -278,7 +329,7 @@ def simulate(
             lost_tokens=scheduler.lost_tokens,
             resume_hit_tokens=scheduler.resume_hit_tokens,
         ),
-        blocks=_block_use(scheduler, groups),
+        blocks=_block_use(scheduler, groups, plan),
         steps=_step_stats(scheduler),
         manager=manager,
         timing=Timing(
@@ -373,19 +424,36 @@ def _policy_name(eviction: object) -> str:
     return getattr(eviction, "__name__", type(eviction).__name__)
 
 
-def _block_use(scheduler: Scheduler, groups: Sequence[GroupPlan]) -> BlockUse:
+def _peak_and_mean(values: Sequence[int]) -> tuple[int, float]:
+    return max(values, default=0), sum(values) / len(values) if values else 0.0
+
+
+def _class_use(samples: Sequence[Sample], plan: KVCachePlan) -> tuple[ClassUse, ...]:
+    pool = plan.kv_cache_config.page_pool
+    if pool is None:
+        return ()
+    out = []
+    for klass in range(pool.num_classes):
+        peak, mean = _peak_and_mean([s.class_pages[klass] for s in samples])
+        members = tuple(g for g, c in enumerate(pool.group_classes) if c == klass)
+        out.append(
+            ClassUse(
+                page_class=klass,
+                page_size_bytes=pool.class_page_bytes[klass],
+                groups=members,
+                peak=peak,
+                mean=mean,
+            )
+        )
+    return tuple(out)
+
+
+def _block_use(scheduler: Scheduler, groups: Sequence[GroupPlan], plan: KVCachePlan) -> BlockUse:
     samples = scheduler.sampler.samples
     group_use = []
     for index, group in enumerate(groups):
-        held = [s.group_blocks[index] for s in samples]
-        group_use.append(
-            GroupUse(
-                group=index,
-                kind=group.kind,
-                peak=max(held, default=0),
-                mean=sum(held) / len(held) if held else 0.0,
-            )
-        )
+        peak, mean = _peak_and_mean([s.group_blocks[index] for s in samples])
+        group_use.append(GroupUse(group=index, kind=group.kind, peak=peak, mean=mean))
     steps = scheduler.step_count
     return BlockUse(
         usable=scheduler.usable_blocks,
@@ -394,6 +462,10 @@ def _block_use(scheduler: Scheduler, groups: Sequence[GroupPlan]) -> BlockUse:
         groups=tuple(group_use),
         samples=len(samples),
         sample_interval_steps=scheduler.sampler.interval,
+        unit=scheduler.pool_unit,
+        peak_memory_usage=scheduler.peak_memory_usage,
+        mean_memory_usage=scheduler.sum_memory_usage / steps if steps else 0.0,
+        classes=_class_use(samples, plan),
     )
 
 
@@ -405,6 +477,7 @@ def _step_stats(scheduler: Scheduler) -> StepStats:
         scheduled_tokens=scheduler.scheduled_tokens,
         simulated_s=scheduler.clock_ms / 1000.0,
         mean_running=scheduler.sum_running / steps if steps else 0.0,
+        peak_running=scheduler.peak_running,
     )
 
 

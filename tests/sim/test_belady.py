@@ -112,3 +112,35 @@ def _fields(options):
     import attrs
 
     return attrs.asdict(options, recurse=False)
+
+
+class _View:
+    """A pool view over a dict of block hashes, every block in group 0."""
+
+    def __init__(self, hashes: dict[int, object]) -> None:
+        self.hashes = hashes
+
+    def block_hash(self, block):
+        return self.hashes.get(block)
+
+    def block_group(self, block):
+        return 0
+
+
+def test_a_page_class_oracle_starts_empty_and_skips_blocks_its_page_took_back():
+    # A two-level pool's class: nothing free at the start; blocks come free by
+    # release and leave by revive when their large page goes to another class,
+    # hashless ones included.
+    view = _View({})
+    info = kvcore.eviction.PoolInfo(num_blocks=5, view=view, free_at_start=False)
+    oracle = BeladyPolicy(info, FutureUses([], [], info.groups, 4, "fast"))
+    assert list(oracle) == []
+    oracle.release([1, 2, 3])  # hashless: worthless, in release order
+    assert list(oracle) == [1, 2, 3]
+    oracle.revive(1)  # block 1's page left the class
+    oracle.revive(2)
+    assert list(oracle) == [3]
+    assert oracle.take(1) == [3]
+    oracle.release([2])  # block 2 is carved and freed again
+    assert oracle.take(1) == [2]
+    assert list(oracle) == []

@@ -54,7 +54,8 @@ def test_json_sections_and_the_eviction_policy(capsys):
         "timing",
         "timeline",
     }
-    # The sections that existed before the eviction policies keep their keys.
+    # The sections that existed before the eviction policies keep their keys;
+    # the ceiling at the finest block came with the two-level pool.
     assert set(data["prefix_cache"]) == {
         "hit_tokens",
         "prompt_tokens",
@@ -63,6 +64,10 @@ def test_json_sections_and_the_eviction_policy(capsys):
         "ceiling_rate",
         "ceiling_block_size",
         "fraction_of_ceiling",
+        "fine_ceiling_tokens",
+        "fine_block_size",
+        "fine_ceiling_rate",
+        "fraction_of_fine_ceiling",
     }
     assert set(data["blocks"]) >= {"usable", "peak", "mean", "peak_usage", "mean_usage"}
     assert set(data["manager"]["ops"]["decode"]) == {

@@ -1,0 +1,385 @@
+"""The two-level pool against the shared one: hit rate, ceiling, preemptions, capacity.
+
+Three measurements, each a set of ``kvcore simulate`` runs made in this
+process (the same code as the command line), each written to its own record
+with ``--record``:
+
+``builtin``
+    The built-in workload (2,000 requests, seed 0) for each model, at each
+    memory, under ``--pool shared`` and ``--pool two-level``: hit rate in
+    prompt tokens, the unbounded-cache ceiling at the pool's hit grid and at
+    16-token blocks, the hit rate as a share of the latter, preemptions and
+    the peak of running requests (``two-level-builtin.json``).
+``mooncake``
+    The first 1,000 requests of the Mooncake conversation trace at 80 GiB,
+    every eviction policy, both pools, both models
+    (``two-level-mooncake.json``).
+``sweep``
+    The Mamba checkpoint (tokens between two cached states) swept under the
+    two-level pool on the built-in workload, both models at each memory:
+    state memory per request, hit rate, preemptions
+    (``mamba-checkpoint-sweep.json``, and the plot
+    ``docs/_static/mamba-checkpoint-sweep.svg``).
+
+Run (from the repository root; a few minutes each on one core)::
+
+    python benchmarks/two_level_pool.py builtin --record
+    python benchmarks/two_level_pool.py mooncake --record
+    python benchmarks/two_level_pool.py sweep --record
+
+The trace is read from ``../shared/data/mooncake/`` (or ``KVCORE_DATA``) in
+place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from _common import CONVERSATION_TRACE, REPO
+from _record import Recorder, percent, table
+from _svg import line_chart
+
+from kvcore._eviction.registry import available_eviction_policies
+from kvcore._planning.pool_choice import PoolChoice
+from kvcore._plugin_loader import load_registry
+from kvcore._sim import SimulationOptions, load_workload, simulate
+from kvcore._sim.report import SimulationReport
+from kvcore._sim.simulate import plan_for
+from kvcore._sim.workload import Workload
+from kvcore.errors import KVCoreError
+
+MODELS = ("qwen3-next-80b", "jamba-v0.1")
+MEMORIES = ("80GiB", "8GiB")
+POOLS: tuple[PoolChoice, ...] = ("shared", "two-level")
+CHECKPOINTS = (16, 256, 512, 1024, 2048)
+MOONCAKE_REQUESTS = 1000
+SWEEP_PLOT = REPO / "docs" / "_static" / "mamba-checkpoint-sweep.svg"
+
+
+def _mib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**20:,.0f} MiB"
+
+
+def _state_bytes(options: SimulationOptions) -> tuple[int, int]:
+    """Bytes of one cached state of every state group, and of what one request may hold."""
+    plan = plan_for(options, load_registry())
+    state = [g for g in plan.groups if g.kind == "mamba"]
+    one = sum(g.bytes_per_block for g in state)
+    return one, sum(g.bytes_per_block * g.pages_per_request for g in state)
+
+
+def _held_state_per_request(report: SimulationReport, options: SimulationOptions) -> float:
+    """Mean bytes of state held per running request, over the samples with requests running."""
+    plan = plan_for(options, load_registry())
+    state = [(g.index, g.bytes_per_block) for g in plan.groups if g.kind == "mamba"]
+    per_request = [
+        sum(s.group_blocks[i] * size for i, size in state) / s.running
+        for s in report.samples
+        if s.running
+    ]
+    return sum(per_request) / len(per_request) if per_request else 0.0
+
+
+class _Cache:
+    """Finished runs kept in a JSON file (``--cache``), so an interrupted measurement resumes.
+
+    A run is keyed by its measurement and options; delete the file to
+    measure again (the record's date is the date of the run that wrote it).
+    """
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self.runs: dict[str, dict[str, Any]] = {}
+
+    def load(self, path: Path | None) -> None:
+        """Keep runs in ``path`` from now on, starting from those it holds."""
+        self.path = path
+        if path is not None and path.exists():
+            self.runs = json.loads(path.read_text())
+
+    def run(self, key: str, workload: Workload, options: SimulationOptions) -> dict[str, Any]:
+        """The cached row for ``key``, or a fresh run of ``options`` (then kept)."""
+        if key in self.runs:
+            return self.runs[key]
+        row = self.runs[key] = _run(workload, options)
+        if self.path is not None:
+            self.path.write_text(json.dumps(self.runs, indent=1) + "\n")
+        return row
+
+
+CACHE = _Cache()
+
+
+def _run(workload: Workload, options: SimulationOptions) -> dict[str, Any]:
+    """One simulation's figures (or why it could not be planned)."""
+    started = time.perf_counter()
+    try:
+        report = simulate(workload, options)
+    except KVCoreError as exc:
+        return {"refused": str(exc)}
+    pc, steps = report.prefix_cache, report.steps
+    row = {
+        "hit_rate": pc.hit_rate,
+        "hit_tokens": pc.hit_tokens,
+        "prompt_tokens": pc.prompt_tokens,
+        "grid": pc.ceiling_block_size,
+        "ceiling_rate": pc.ceiling_rate,
+        "fine_block_size": pc.fine_block_size,
+        "fine_ceiling_rate": pc.fine_ceiling_rate,
+        "of_fine_ceiling": pc.fraction_of_fine_ceiling,
+        "preemptions": report.preemptions.count,
+        "peak_running": steps.peak_running,
+        "mean_running": steps.mean_running,
+        "peak_memory_usage": report.blocks.peak_memory_usage,
+        "evicted_blocks": report.eviction.evicted_blocks,
+        "max_model_len": report.plan.max_model_len,
+        "rejected": report.workload.rejected_too_long,
+        "wall_s": time.perf_counter() - started,
+    }
+    if options.pool == "two-level":
+        row["held_state_bytes"] = _held_state_per_request(report, options)
+    return row
+
+
+def _say(label: str, row: dict[str, Any]) -> None:
+    if "refused" in row:
+        print(f"{label}: refused: {row['refused']}", flush=True)
+        return
+    print(
+        f"{label}: hits {percent(row['hit_rate'])} (ceiling {percent(row['ceiling_rate'])} at "
+        f"{row['grid']}, {percent(row['fine_ceiling_rate'])} at {row['fine_block_size']}: "
+        f"{percent(row['of_fine_ceiling'])} of it), {row['preemptions']} preemptions, "
+        f"peak {row['peak_running']} running ({row['wall_s']:.0f} s)",
+        flush=True,
+    )
+
+
+# -- builtin ----------------------------------------------------------------------------
+
+
+def builtin(recorder: Recorder) -> None:
+    """Both pools, both models, both memories, on the built-in workload."""
+    workload = load_workload()
+    runs: dict[str, dict[str, Any]] = {}
+    for memory in MEMORIES:
+        for model in MODELS:
+            for pool in POOLS:
+                key = f"{model}-{memory}-{pool}"
+                options = SimulationOptions(model=model, memory=memory, pool=pool)
+                runs[key] = CACHE.run(f"builtin-{key}", workload, options)
+                _say(key, runs[key])
+    recorder.data["runs"] = runs
+    header = (
+        "model", "pool", "hit rate", "ceiling at the hit grid", "ceiling at 16 tokens",
+        "share of the 16-token ceiling", "preemptions", "peak running",
+    )  # fmt: skip
+    for memory in MEMORIES:
+        rows = []
+        for model in MODELS:
+            for pool in POOLS:
+                row = runs[f"{model}-{memory}-{pool}"]
+                rows.append((
+                    model, pool, percent(row["hit_rate"]),
+                    f"{percent(row['ceiling_rate'])} ({row['grid']} tokens)",
+                    percent(row["fine_ceiling_rate"]), percent(row["of_fine_ceiling"]),
+                    f"{row['preemptions']:,}", f"{row['peak_running']:,}",
+                ))  # fmt: skip
+        title = f"The built-in workload at {memory.replace('GiB', ' GiB')}, both pools"
+        recorder.tables[memory] = table(title, header, rows)
+    _builtin_figures(recorder, runs)
+
+
+def _builtin_figures(recorder: Recorder, runs: dict[str, dict[str, Any]]) -> None:
+    for key, row in runs.items():
+        recorder.figure(f"{key}-hit-rate", percent(row["hit_rate"]))
+        recorder.figure(f"{key}-of-fine-ceiling", percent(row["of_fine_ceiling"]))
+        recorder.figure(f"{key}-preemptions", f"{row['preemptions']:,}")
+        recorder.figure(f"{key}-peak-running", f"{row['peak_running']:,}")
+    for model in MODELS:
+        shared, two = runs[f"{model}-8GiB-shared"], runs[f"{model}-8GiB-two-level"]
+        hits = two["hit_rate"] / shared["hit_rate"] if shared["hit_rate"] else float("inf")
+        recorder.figure(f"{model}-8GiB-hit-ratio", f"{hits:.2f}×")
+        if shared["preemptions"]:
+            share = two["preemptions"] / shared["preemptions"]
+            recorder.figure(f"{model}-8GiB-preemption-share", percent(share))
+
+
+# -- mooncake ---------------------------------------------------------------------------
+
+
+def mooncake(recorder: Recorder) -> None:
+    """Every eviction policy, both pools, both models: the conversation trace at 80 GiB."""
+    workload = load_workload(CONVERSATION_TRACE, limit=MOONCAKE_REQUESTS)
+    policies = list(available_eviction_policies())
+    runs: dict[str, dict[str, Any]] = {}
+    rows = []
+    for model in MODELS:
+        for policy in policies:
+            pair = []
+            for pool in POOLS:
+                key = f"{model}-{policy}-{pool}"
+                options = SimulationOptions(model=model, pool=pool, eviction=policy)
+                runs[key] = CACHE.run(f"mooncake-{key}", workload, options)
+                _say(key, runs[key])
+                pair.append(runs[key])
+            shared, two = pair
+            points = 100 * (two["hit_rate"] - shared["hit_rate"])
+            recorder.figure(f"{model}-{policy}-difference", f"{points:+.1f} points")
+            rows.append((
+                model, policy, percent(shared["hit_rate"]), percent(two["hit_rate"]),
+                f"{points:+.1f}", percent(two["fine_ceiling_rate"]),
+                f"{shared['grid']} / {two['grid']}",
+                f"{shared['preemptions']:,} / {two['preemptions']:,}",
+            ))  # fmt: skip
+    recorder.data["runs"] = runs
+    header = (
+        "model", "policy", "shared", "two-level", "difference (points)",
+        "ceiling at 16 tokens", "hit grid (shared / two-level, tokens)",
+        "preemptions (shared / two-level)",
+    )  # fmt: skip
+    title = f"The first {MOONCAKE_REQUESTS:,} requests of the conversation trace at 80 GiB"
+    recorder.tables["policies"] = table(title, header, rows)
+    lower = [key for key in rows if float(key[4]) < 0]
+    recorder.figure("policies-lower", f"{len(lower)} of {len(rows)}")
+
+
+# -- sweep ------------------------------------------------------------------------------
+
+
+def sweep(recorder: Recorder, checkpoints: Sequence[int]) -> None:
+    """The Mamba checkpoint under the two-level pool: state memory against hit rate."""
+    workload = load_workload()
+    runs: dict[str, dict[str, Any]] = {}
+    rows = []
+    for model in MODELS:
+        for memory in MEMORIES:
+            for checkpoint in checkpoints:
+                key = f"{model}-{memory}-{checkpoint}"
+                options = SimulationOptions(
+                    model=model, memory=memory, pool="two-level", mamba_checkpoint=checkpoint
+                )
+                row = runs[key] = dict(CACHE.run(f"sweep-{key}", workload, options))
+                try:
+                    one, most = _state_bytes(options)
+                except KVCoreError:  # the run said why; the sizes are not there either
+                    one = most = 0
+                row.update(state_bytes=one, most_state_bytes=most, checkpoint=checkpoint)
+                _say(key, row)
+                rows.append(_sweep_row(model, memory, row))
+    recorder.data["runs"] = runs
+    header = (
+        "model", "memory", "checkpoint (tokens)", "state memory per request (at most)",
+        "state memory per running request (mean held)", "hit rate",
+        "share of the 16-token ceiling", "preemptions", "peak running", "max_model_len",
+    )  # fmt: skip
+    recorder.tables["sweep"] = table("The Mamba checkpoint sweep (two-level pool)", header, rows)
+    _sweep_figures(recorder, runs, checkpoints)
+    SWEEP_PLOT.write_text(_sweep_plot(runs, checkpoints))
+    print(f"[plot: {SWEEP_PLOT.relative_to(REPO)}]")
+
+
+def _sweep_row(model: str, memory: str, row: dict[str, Any]) -> tuple[str, ...]:
+    most = _mib(row["most_state_bytes"])
+    if "refused" in row:
+        return (model, memory.replace("GiB", " GiB"), str(row["checkpoint"]), most,
+                "does not fit", "", "", "", "", "")  # fmt: skip
+    longest = f"{row['max_model_len']:,}"
+    if row["rejected"]:
+        longest += f" ({row['rejected']:,} requests too long)"
+    return (
+        model, memory.replace("GiB", " GiB"), str(row["checkpoint"]), most,
+        _mib(row["held_state_bytes"]), percent(row["hit_rate"]),
+        percent(row["of_fine_ceiling"]), f"{row['preemptions']:,}", f"{row['peak_running']:,}",
+        longest,
+    )  # fmt: skip
+
+
+def _best_checkpoint(runs: dict[str, dict[str, Any]], checkpoints: Sequence[int]) -> int:
+    """The checkpoint with the highest mean hit rate over every model and memory.
+
+    A run that cannot be planned counts as no hits; on a tie the larger
+    checkpoint (less state memory) wins.
+    """
+
+    def mean_hits(checkpoint: int) -> float:
+        cells = [runs[f"{m}-{mem}-{checkpoint}"] for m in MODELS for mem in MEMORIES]
+        return float(sum(c.get("hit_rate", 0.0) for c in cells)) / len(cells)
+
+    return max(checkpoints, key=lambda c: (round(mean_hits(c), 4), c))
+
+
+def _sweep_figures(
+    recorder: Recorder, runs: dict[str, dict[str, Any]], checkpoints: Sequence[int]
+) -> None:
+    for key, row in runs.items():
+        if "refused" not in row:
+            recorder.figure(f"{key}-hit-rate", percent(row["hit_rate"]))
+            recorder.figure(f"{key}-of-fine-ceiling", percent(row["of_fine_ceiling"]))
+            recorder.figure(f"{key}-preemptions", f"{row['preemptions']:,}")
+    best = _best_checkpoint(runs, checkpoints)
+    recorder.figure("best-checkpoint", f"{best} tokens")
+    recorder.data["best_checkpoint"] = best
+
+
+def _sweep_plot(runs: dict[str, dict[str, Any]], checkpoints: Sequence[int]) -> str:
+    """Hit rate and state memory per running request against the checkpoint, as an SVG."""
+    hits, state = {}, {}
+    for model in MODELS:
+        for memory in MEMORIES:
+            label = f"{model}, {memory.replace('GiB', ' GiB')}"
+            cells = [(c, runs[f"{model}-{memory}-{c}"]) for c in checkpoints]
+            hits[label] = [(c, 100 * r["hit_rate"]) for c, r in cells if "refused" not in r]
+            state[label] = [
+                (c, r["held_state_bytes"] / 2**20) for c, r in cells if "refused" not in r
+            ]
+    return line_chart(
+        title="Mamba checkpoint sweep, two-level pool, built-in workload",
+        x_label="tokens between two cached states (log scale)",
+        x_ticks=list(checkpoints),
+        panels=[("prompt tokens hit (%)", hits), ("state held per running request (MiB)", state)],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("measurement", choices=("builtin", "mooncake", "sweep"))
+    parser.add_argument("--record", action="store_true", help="write the record")
+    parser.add_argument(
+        "--checkpoints", type=lambda text: [int(t) for t in text.split(",")],
+        default=list(CHECKPOINTS), help="sweep: checkpoints, comma-separated",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cache", type=Path, default=None,
+        help="keep finished runs in this JSON file and reuse them (resume a measurement)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    CACHE.load(args.cache)
+    names = {
+        "builtin": "two-level-builtin",
+        "mooncake": "two-level-mooncake",
+        "sweep": "mamba-checkpoint-sweep",
+    }
+    given = list(argv if argv is not None else sys.argv[1:])
+    if args.cache is not None:  # where runs are kept is no part of the measurement
+        at = next(i for i, word in enumerate(given) if word.startswith("--cache"))
+        del given[at : at + (1 if "=" in given[at] else 2)]
+    shown = ["python", "benchmarks/two_level_pool.py", *given]
+    recorder = Recorder(names[args.measurement], enabled=args.record, command=" ".join(shown))
+    if args.measurement == "builtin":
+        builtin(recorder)
+    elif args.measurement == "mooncake":
+        mooncake(recorder)
+    else:
+        sweep(recorder, args.checkpoints)
+    recorder.write()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""benchmarks/two_level_pool.py and its plot: the choices and drawing worked out by hand."""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from simhelpers import explicit, load_benchmark
+
+from kvcore._sim import SimulationOptions
+from kvcore._sim.workload import Workload
+
+two_level_pool = load_benchmark("two_level_pool")
+svg = load_benchmark("_svg")
+
+
+def _cells(hits: dict[int, list[float]]) -> dict[str, dict[str, float]]:
+    """Runs keyed as the sweep keys them: four cells (model, memory) per checkpoint."""
+    cells = [(m, mem) for m in two_level_pool.MODELS for mem in two_level_pool.MEMORIES]
+    return {
+        f"{model}-{memory}-{checkpoint}": {"hit_rate": rate}
+        for checkpoint, rates in hits.items()
+        for (model, memory), rate in zip(cells, rates, strict=True)
+    }
+
+
+def test_the_best_checkpoint_has_the_highest_mean_hit_rate():
+    # Means: 256 -> 0.30, 512 -> 0.35, 1024 -> 0.325.
+    runs = _cells(
+        {256: [0.5, 0.1, 0.4, 0.2], 512: [0.6, 0.1, 0.5, 0.2], 1024: [0.7, 0.1, 0.3, 0.2]}
+    )
+    assert two_level_pool._best_checkpoint(runs, [256, 512, 1024]) == 512
+
+
+def test_a_tie_goes_to_the_larger_checkpoint_and_a_refused_run_hits_nothing():
+    runs = _cells({256: [0.4, 0.2, 0.4, 0.2], 512: [0.2, 0.4, 0.2, 0.4], 1024: [0.9] * 4})
+    runs["jamba-v0.1-8GiB-1024"] = {"refused": "memory too small"}
+    # 1024: (0.9 * 3 + 0) / 4 = 0.675, still the best; 256 and 512 tie at 0.3.
+    assert two_level_pool._best_checkpoint(runs, [256, 512, 1024]) == 1024
+    del runs["qwen3-next-80b-80GiB-1024"]
+    runs["qwen3-next-80b-80GiB-1024"] = {"refused": "memory too small"}
+    runs["jamba-v0.1-80GiB-1024"] = {"refused": "memory too small"}
+    # 1024 now 0.45 / 4 = 0.225; the tie between 256 and 512 goes to 512.
+    assert two_level_pool._best_checkpoint(runs, [256, 512, 1024]) == 512
+
+
+def test_nice_axis_tops():
+    assert [svg._nice_top(v) for v in (0, 0.3, 1, 7, 63.1, 101, 2500)] == [
+        1.0, 0.5, 1, 10, 100, 200, 5000,
+    ]  # fmt: skip
+
+
+def test_the_chart_places_points_on_a_log_axis():
+    # The plot area runs from x = 80 to 720 - 24 = 696: 16 at its left edge,
+    # 1024 at its right, 128 halfway (log2: 4, 7, 10). The y axis of the
+    # panel tops at 50 (the nice top of 40); 240 px tall from y = 48: a value
+    # of 40 lies at 48 + 240 - 40 / 50 * 240 = 96, one of 10 at 240.
+    text = svg.line_chart(
+        title="t",
+        x_label="x",
+        x_ticks=[16, 128, 1024],
+        panels=[("y", {"a": [(16, 10.0), (128, 40.0), (1024, 10.0)]})],
+    )
+    root = ET.fromstring(text)
+    namespace = {"s": "http://www.w3.org/2000/svg"}
+    (line,) = root.findall("s:polyline", namespace)
+    points = [tuple(map(float, p.split(","))) for p in line.get("points").split()]
+    assert points == [(80.0, 240.0), (388.0, 96.0), (696.0, 240.0)]
+    labels = [t.text for t in root.findall("s:text", namespace)]
+    assert "a" in labels
+    assert ["16", "128", "1024"] == [label for label in labels if label in {"16", "128", "1024"}]
+
+
+def test_a_run_is_cached_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    calls = []
+
+    def fake_run(workload, options):
+        calls.append(options.memory)
+        return {"hit_rate": 0.5}
+
+    monkeypatch.setattr(two_level_pool, "_run", fake_run)
+    path = tmp_path / "cache.json"
+    cache = two_level_pool._Cache()
+    cache.load(path)
+    workload = Workload(name="hand", requests=(explicit("a", range(10), 1),))
+    options = SimulationOptions(memory="1GiB")
+    assert cache.run("k", workload, options) == {"hit_rate": 0.5}
+    again = two_level_pool._Cache()
+    again.load(path)
+    assert again.run("k", workload, options) == {"hit_rate": 0.5}
+    assert calls == ["1GiB"]  # the second cache read the file instead of running
+    assert json.loads(path.read_text()) == {"k": {"hit_rate": 0.5}}
+
+
+def test_a_sweep_row_names_the_runs_that_do_not_fit_and_the_requests_too_long():
+    refused = {"refused": "x", "checkpoint": 16, "most_state_bytes": 20 * 2**30}
+    row = two_level_pool._sweep_row("m", "8GiB", refused)
+    assert row[:5] == ("m", "8 GiB", "16", "20,480 MiB", "does not fit")
+    run = {
+        "checkpoint": 512, "most_state_bytes": 17 * 3 * 12 * 2**20, "held_state_bytes": 36 * 2**20,
+        "hit_rate": 0.25, "of_fine_ceiling": 0.5, "preemptions": 3, "peak_running": 40,
+        "max_model_len": 65536, "rejected": 2,
+    }  # fmt: skip
+    row = two_level_pool._sweep_row("m", "8GiB", run)
+    assert row == (
+        "m", "8 GiB", "512", "612 MiB", "36 MiB", "25.0 %", "50.0 %", "3", "40",
+        "65,536 (2 requests too long)",
+    )  # fmt: skip
+    assert re.fullmatch(r"\d[\d,]* MiB", row[3])
