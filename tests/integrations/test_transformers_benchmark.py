@@ -9,37 +9,21 @@ group each.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 
 pytest.importorskip("transformers")
 
 from kvcore.integrations.transformers import PagedModelCache, generate, tiny_model
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 TOKEN = 2 * 2 * 8 * 4  # bytes of one token of one layer
 BLOCK = 16 * TOKEN
 
 
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-        assert spec is not None
-        assert spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
 
 
-bench = _load("transformers_on_kvcore")
+bench = load_benchmark("transformers_on_kvcore")
 
 
 def test_memory_of_one_request_worked_out_by_hand():

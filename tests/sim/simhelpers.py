@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -14,22 +10,6 @@ import kvcore
 from kvcore._sim.scheduler import Scheduler, SchedulerConfig, SimRequest
 from kvcore._trace import TraceRequest
 from kvcore_plugins.full_attention import FullAttentionSpec
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def load_benchmark(name: str) -> ModuleType:
-    """Import ``benchmarks/<name>.py`` (with the benchmarks folder on the path while it loads)."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-        assert spec is not None
-        assert spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
 
 
 def explicit(request_id: str, tokens: Sequence[int], output: int, at_ms: float = 0.0):

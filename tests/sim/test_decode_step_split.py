@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from simhelpers import assert_refused, load_benchmark
+from benchmark_scripts import load_benchmark
+from simhelpers import assert_refused
 
 from kvcore._sim import load_workload
 from kvcore._sim import scheduler as scheduler_module

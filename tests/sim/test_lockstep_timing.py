@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from simhelpers import assert_refused, load_benchmark
+from benchmark_scripts import load_benchmark
+from simhelpers import assert_refused
 
 from kvcore._sim import SchedulerConfig, SimulationOptions, load_workload, simulate
 

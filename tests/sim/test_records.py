@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from simhelpers import assert_refused, load_benchmark
+from benchmark_scripts import load_benchmark
+from simhelpers import assert_refused
 
 record = load_benchmark("_record")
 trace_reuse = load_benchmark("trace_reuse")

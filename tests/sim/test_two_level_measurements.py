@@ -8,7 +8,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from simhelpers import explicit, load_benchmark
+from benchmark_scripts import load_benchmark
+from simhelpers import explicit
 
 from kvcore._sim import SimulationOptions
 from kvcore._sim.workload import Workload
