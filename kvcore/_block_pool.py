@@ -710,14 +710,7 @@ class BlockPool:
                 append(block)
             return (hits,)
         maps = [self._cached[g] for g in kv_cache_group_ids]
-        per_group: tuple[list[int], ...] = tuple([] for _ in maps)
-        for block_hash in block_hashes[start:stop]:
-            found = [m.get(block_hash) for m in maps]
-            if None in found:
-                break
-            for blocks, block in zip(per_group, found, strict=True):
-                blocks.append(block)  # type: ignore[arg-type]
-        return per_group
+        return match_in_maps(maps, block_hashes[start:stop])
 
     def holds_cached(
         self, blocks: Sequence[int], block_hashes: Sequence[Hashable], group: int
@@ -1123,3 +1116,21 @@ class BlockPool:
         if seen != self.num_cached_blocks():
             msg = f"{self.num_cached_blocks()} blocks carry a hash but the map has {seen}"
             raise AssertionError(msg)
+
+
+def match_in_maps(
+    maps: Sequence[dict[Hashable, int]], block_hashes: Sequence[Hashable]
+) -> tuple[list[int], ...]:
+    """The run of hashes from the first that every one of ``maps`` holds, per map.
+
+    One list per map, all of the same length: the blocks each map holds
+    under the hashes before the first one that some map misses.
+    """
+    per_map: tuple[list[int], ...] = tuple([] for _ in maps)
+    for block_hash in block_hashes:
+        found = [cached.get(block_hash) for cached in maps]
+        if None in found:
+            break
+        for blocks, block in zip(per_map, found, strict=True):
+            blocks.append(block)  # type: ignore[arg-type]
+    return per_map

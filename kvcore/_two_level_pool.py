@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
-from kvcore._block_pool import BlockPool, Transaction
+from kvcore._block_pool import BlockPool, Transaction, match_in_maps
 from kvcore._blocks import UndoLog
 from kvcore._config import PagePool
 from kvcore._events import AllBlocksCleared, KVCacheEvent
@@ -553,14 +553,7 @@ class TwoLevelBlockPool:
         if all(classes[group] == first for group in kv_cache_group_ids):
             return self.pools[first].match_prefix(block_hashes, start, stop, kv_cache_group_ids)
         maps = [self.pools[classes[group]]._cached[group] for group in kv_cache_group_ids]
-        per_group: tuple[list[int], ...] = tuple([] for _ in maps)
-        for block_hash in block_hashes[start:stop]:
-            found = [cached.get(block_hash) for cached in maps]
-            if None in found:
-                break
-            for blocks, block in zip(per_group, found, strict=True):
-                blocks.append(block)  # type: ignore[arg-type]
-        return per_group
+        return match_in_maps(maps, block_hashes[start:stop])
 
     def holds_cached(
         self, blocks: Sequence[int], block_hashes: Sequence[Hashable], group: int
