@@ -474,13 +474,23 @@ class BlockPool:
             return
         # No hash has copies: every hashed block is the entry of its map.
         maps = self._cached
-        events = self.enable_kv_cache_events
-        groups = self._groups_of(blocks)
-        for block, block_hash, group in zip(blocks, old_hashes, groups, strict=True):
-            if block_hash is not None:
-                del maps[group][block_hash]
-                hash_of[block] = None
-                if events:
+        if len(maps) == 1:
+            # One group (the common engine): one map, and no group to read per block.
+            cached = maps[0]
+            for block, block_hash in zip(blocks, old_hashes, strict=True):
+                if block_hash is not None:
+                    del cached[block_hash]
+                    hash_of[block] = None
+        else:
+            groups = self._groups_of(blocks)
+            for block, block_hash, group in zip(blocks, old_hashes, groups, strict=True):
+                if block_hash is not None:
+                    del maps[group][block_hash]
+                    hash_of[block] = None
+        if self.enable_kv_cache_events:
+            # The group a block was cached in stays recorded after eviction.
+            for block_hash, group in zip(old_hashes, self._groups_of(blocks), strict=True):
+                if block_hash is not None:
                     self._append_event(BlockRemoved(block_hashes=(block_hash,), group_idx=group))
         if self._journal is not None:
             self._journal.append((self._undo_evict, (blocks, old_hashes)))
