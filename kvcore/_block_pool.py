@@ -31,7 +31,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from itertools import chain, compress
 from operator import itemgetter, length_hint
 from types import TracebackType
-from typing import Any, Final, Protocol
+from typing import Any, ClassVar, Final, Protocol
 
 from kvcore._blocks import MAX_NUM_BLOCKS, NULL_BLOCK, UndoLog
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -194,6 +194,8 @@ class BlockPool:
     )
 
     null_block: Final = NULL_BLOCK
+    #: The backend serving this pool: ``"python"`` (this class) or ``"native"``.
+    backend: ClassVar[str] = "python"
     # Whether every block starts free (a page class of a two-level pool starts
     # with none: its blocks exist only where memory is carved for it).
     _FREE_AT_START: bool = True
@@ -254,11 +256,15 @@ class BlockPool:
             view=self,
             free_at_start=self._FREE_AT_START,
         )
-        self._queue: FreeQueue = factory(info)
+        self._queue: FreeQueue = self._new_queue(factory, info)
         self._num_free = 0
         if self._FREE_AT_START:
             self._num_free = num_blocks
             self._take_null_block(factory.name)
+
+    def _new_queue(self, factory: EvictionPolicyFactory, info: PoolInfo) -> FreeQueue:
+        """The free queue the policy's factory makes (the per-block state is set up by now)."""
+        return factory(info)
 
     def _take_null_block(self, policy: str) -> None:
         taken = self._take(1)
@@ -801,24 +807,12 @@ class BlockPool:
         hashes = self._hashes_of(request, block_size, num_full_blocks)
         new_blocks = blocks[num_cached_blocks:num_full_blocks]
         new_hashes = hashes[num_cached_blocks:num_full_blocks]
-        hash_of = self._hash
         several_groups = len(self._cached) > 1
         if self._journal is not None:
             old_groups = list(self._groups_of(new_blocks)) if several_groups else None
             self._journal.append((self._uncache_new, (new_blocks, old_groups, kv_cache_group_id)))
         self._num_stored += len(new_blocks) - new_blocks.count(NULL_BLOCK)
-        cache_first = self._cached[kv_cache_group_id].setdefault
-        dups = self._dups[kv_cache_group_id]
-        for block, block_hash in zip(new_blocks, new_hashes, strict=True):
-            if block:
-                hash_of[block] = block_hash
-                if cache_first(block_hash, block) != block:
-                    dups.setdefault(block_hash, []).append(block)
-        if several_groups:
-            group_of = self._group
-            for block in new_blocks:
-                if block:
-                    group_of[block] = kv_cache_group_id
+        self._enter(new_blocks, new_hashes, kv_cache_group_id, several_groups)
         self._queue.cached(
             kv_cache_group_id,
             blocks,
@@ -831,6 +825,32 @@ class BlockPool:
             self._append_stored_event(
                 request, hashes, new_blocks, num_cached_blocks, block_size, kv_cache_group_id
             )
+
+    def _enter(
+        self,
+        blocks: Sequence[int],
+        block_hashes: Sequence[Hashable],
+        group: int,
+        several_groups: bool,
+    ) -> None:
+        """Cache each non-null block of ``blocks`` under its hash in ``group`` (not undone here).
+
+        A hash already cached in the group keeps its block; the new one waits
+        among the duplicates. ``several_groups``: record the group per block.
+        """
+        hash_of = self._hash
+        cache_first = self._cached[group].setdefault
+        dups = self._dups[group]
+        for block, block_hash in zip(blocks, block_hashes, strict=True):
+            if block:
+                hash_of[block] = block_hash
+                if cache_first(block_hash, block) != block:
+                    dups.setdefault(block_hash, []).append(block)
+        if several_groups:
+            group_of = self._group
+            for block in blocks:
+                if block:
+                    group_of[block] = group
 
     def _hashes_of(self, request: Request, block_size: int, num_blocks: int) -> Sequence[Hashable]:
         """The request's hashes viewed at ``block_size``; they must cover ``num_blocks`` blocks."""
