@@ -6,6 +6,7 @@ installs kvcore without it, and kvcore then runs its Python backend (it says
 so once, when a pool is first made). KVCORE_NATIVE_CFLAGS adds compiler flags
 (the sanitizer build of .ci/native_sanitize uses it).
 """
+from __future__ import annotations
 
 import os
 import shlex

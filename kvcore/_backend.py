@@ -14,6 +14,7 @@ read from the ``KVCORE_BACKEND`` environment variable):
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from functools import cache
@@ -34,7 +35,7 @@ _said: set[str] = set()
 def _native_import_error() -> str | None:
     """Why the compiled module does not import, or ``None`` when it does (asked once)."""
     try:
-        from kvcore import _native  # type: ignore[attr-defined]  # noqa: F401
+        importlib.import_module("kvcore._native")
     except ImportError as error:
         return str(error)
     return None

@@ -194,7 +194,7 @@ class BlockPool:
     )
 
     null_block: Final = NULL_BLOCK
-    #: The backend serving this pool: ``"python"`` (this class) or ``"native"``.
+    #: Which backend serves this pool, ``"python"`` (this class) or ``"native"``.
     backend: ClassVar[str] = "python"
     # Whether every block starts free (a page class of a two-level pool starts
     # with none: its blocks exist only where memory is carved for it).
@@ -482,14 +482,19 @@ class BlockPool:
         maps = self._cached
         events = self.enable_kv_cache_events
         groups = self._groups_of(blocks)
-        for block, block_hash, group in zip(blocks, old_hashes, groups, strict=True):
-            if block_hash is not None:
-                del maps[group][block_hash]
-                hash_of[block] = None
-                if events:
-                    self._append_event(BlockRemoved(block_hashes=(block_hash,), group_idx=group))
-        if self._journal is not None:
-            self._journal.append((self._undo_evict, (blocks, old_hashes)))
+        try:
+            for block, block_hash, group in zip(blocks, old_hashes, groups, strict=True):
+                if block_hash is not None:
+                    del maps[group][block_hash]
+                    hash_of[block] = None
+                    if events:
+                        event = BlockRemoved(block_hashes=(block_hash,), group_idx=group)
+                        self._append_event(event)
+        finally:
+            # Also after an error part-way (restoring a hash not yet dropped
+            # changes nothing).
+            if self._journal is not None:
+                self._journal.append((self._undo_evict, (blocks, old_hashes)))
 
     def _evict_among_copies(self, blocks: Sequence[int]) -> None:
         """:meth:`_evict` while some hash has copies: each block is checked for them."""
@@ -499,24 +504,27 @@ class BlockPool:
         dups = self._dups
         evicted: list[int] = []
         evicted_hashes: list[Hashable] = []
-        for block in blocks:
-            block_hash = hash_of[block]
-            if block_hash is None:
-                continue
-            group = group_of[block]
-            if block_hash in dups[group] or maps[group].get(block_hash) != block:
-                self._uncache(block)
-                continue
-            del maps[group][block_hash]
-            hash_of[block] = None
-            evicted.append(block)
-            evicted_hashes.append(block_hash)
-            if self.enable_kv_cache_events:
-                self._append_event(BlockRemoved(block_hashes=(block_hash,), group_idx=group))
-        if evicted and self._journal is not None:
+        try:
+            for block in blocks:
+                block_hash = hash_of[block]
+                if block_hash is None:
+                    continue
+                group = group_of[block]
+                if block_hash in dups[group] or maps[group].get(block_hash) != block:
+                    self._uncache(block)
+                    continue
+                del maps[group][block_hash]
+                hash_of[block] = None
+                evicted.append(block)
+                evicted_hashes.append(block_hash)
+                if self.enable_kv_cache_events:
+                    self._append_event(BlockRemoved(block_hashes=(block_hash,), group_idx=group))
+        finally:
             # No later step of this call touches these hashes (each was the
-            # last under its hash in its group), so they are restored first.
-            self._journal.append((self._undo_evict, (evicted, evicted_hashes)))
+            # last under its hash in its group), so they are restored first;
+            # journaled also when a step fails part-way.
+            if evicted and self._journal is not None:
+                self._journal.append((self._undo_evict, (evicted, evicted_hashes)))
 
     def _undo_evict(self, blocks: Sequence[int], block_hashes: Sequence[Hashable | None]) -> None:
         hash_of = self._hash

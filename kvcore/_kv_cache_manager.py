@@ -255,7 +255,7 @@ class KVCacheManager:
             backend=backend,
         )
         self.block_pool = self.coordinator.block_pool
-        #: The backend serving this manager's block pool: ``"native"`` or ``"python"``.
+        #: Which backend serves this manager's block pool, ``"native"`` or ``"python"``.
         self.backend: str = self.block_pool.backend
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.hash_block_size = self.coordinator.hash_block_size

@@ -31,6 +31,7 @@ too).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Hashable, Sequence
 from typing import Final
 
@@ -78,13 +79,12 @@ class NativeBlockPool(BlockPool):
     backend = "native"
 
     def _new_queue(self, factory: EvictionPolicyFactory, info: PoolInfo) -> FreeQueue:
-        from kvcore import _native  # type: ignore[attr-defined]  # the compiled module
-
+        native = importlib.import_module("kvcore._native")
         gap = native_gap(factory, len(self._cached))
         if gap is not None:
             msg = f"the native block pool cannot serve {gap}; use backend='python' or 'auto'"
             raise InvalidConfigError(msg)
-        self._core = _native.Core(info.num_blocks, DoubleFreeError)
+        self._core = native.Core(info.num_blocks, DoubleFreeError)
         self._bind()
         self._ref = memoryview(self._core)  # type: ignore[assignment]
         return self._core  # type: ignore[no-any-return]
@@ -127,7 +127,7 @@ class NativeBlockPool(BlockPool):
         return self._core.touch_blocks(blocks)  # type: ignore[no-any-return]
 
     def count_evictable(self, blocks: Sequence[int]) -> int:
-        """How many of ``blocks`` are free (cached, waiting in the free queue); nulls not counted."""
+        """How many of ``blocks`` are free (cached, in the free queue); nulls not counted."""
         return self._core.count_evictable(blocks)  # type: ignore[no-any-return]
 
     def match_prefix(

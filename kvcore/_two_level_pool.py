@@ -301,7 +301,7 @@ class TwoLevelBlockPool:
     """
 
     null_block = 0
-    #: The backend serving this pool: two-level pools are Python only.
+    #: Which backend serves this pool (two-level pools are Python only).
     backend: ClassVar[str] = "python"
 
     def __init__(
