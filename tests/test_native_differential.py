@@ -305,14 +305,17 @@ class TwoPools(RuleBasedStateMachine):
             return
         hashes: list[Hashable] = [("h", v) for v in values[: len(blocks)]]
         self.next_request += 1
+        requests = {}
         for pool in self.pools:
-            request = Request(f"r{self.next_request}", list(range(len(blocks))))
+            # A Request of its own for each pool (a request belongs to one).
+            request = Request(f"r{self.next_request}", [0] * len(blocks))
             request.block_hashes.extend(hashes)
-            outcome(
-                lambda pool=pool, request=request: pool.cache_full_blocks(
-                    request, blocks, 0, len(blocks), 1, group
-                )
+            requests[id(pool)] = request
+        self.both(
+            lambda pool: pool.cache_full_blocks(
+                requests[id(pool)], blocks, 0, len(blocks), 1, group
             )
+        )
 
     @rule(values=st.lists(st.integers(0, 3), max_size=5), group=st.integers(0, 1))
     def hit(self, values: list[int], group: int) -> None:
