@@ -208,9 +208,10 @@ def test_a_fault_part_way_is_undone_alike_on_both_backends(
             results = [outcome(load.step) for load in loads]
             assert results[0] == results[1], f"step {step}"
             assert snapshot(pair[0]) == snapshot(pair[1]), f"step {step}"
-        # Both backends saw the same faults, and there were some.
-        assert faults.fired > 0
+        # Both backends saw the same faults; the first pool operation of
+        # every allocation that takes blocks fails at least once.
         assert faults.fired % 2 == 0
+        assert faults.fired > 0 or due > 1
 
 
 def test_the_fault_driver_sees_partial_native_work_undone() -> None:
@@ -298,6 +299,8 @@ class TwoPools(RuleBasedStateMachine):
     @rule(data=st.data(), group=st.integers(0, 1), values=st.lists(st.integers(0, 3), max_size=5))
     def cache(self, data: st.DataObject, group: int, values: list[int]) -> None:
         """Cache some held blocks under hashes from a small set (so duplicates happen)."""
+        if not self.pools[0].enable_caching:
+            return  # managers cache nothing then (the pool would not evict on reuse)
         uncached = [b for b in dict.fromkeys(self.held) if self.pools[0].block_hash(b) is None]
         blocks = data.draw(st.lists(st.sampled_from(uncached), unique=True)) if uncached else []
         blocks = blocks[: len(values)]
@@ -317,11 +320,16 @@ class TwoPools(RuleBasedStateMachine):
             )
         )
 
-    @rule(values=st.lists(st.integers(0, 3), max_size=5), group=st.integers(0, 1))
-    def hit(self, values: list[int], group: int) -> None:
+    @rule(
+        values=st.lists(st.integers(0, 3), max_size=5),
+        group=st.integers(0, 1),
+        nulls=st.integers(0, 2),
+    )
+    def hit(self, values: list[int], group: int, nulls: int) -> None:
+        """Adopt a cached prefix, with null blocks in front (to be ignored)."""
         hashes = [("h", v) for v in values]
         found = self.both(lambda pool: pool.match_prefix(hashes, 0, len(hashes), [group]))
-        blocks = found[1][0]  # type: ignore[index]
+        blocks = [0] * nulls + found[1][0]  # type: ignore[index]
         self.both(lambda pool: pool.count_evictable(blocks))
         self.both(lambda pool: pool.touch(blocks))
         self.held += [b for b in blocks if b]
