@@ -159,10 +159,17 @@ def _by_category(spent: list[float], spans: list[int]) -> tuple[list[float], lis
     return seconds, reads
 
 
-def make_kvcore(case: Case, num_blocks: int, block_size: int, hash_algorithm: str) -> Any:
+def make_kvcore(
+    case: Case, num_blocks: int, block_size: int, hash_algorithm: str, backend: str | None = None
+) -> Any:
+    """A kvcore manager for ``case`` (``backend``: as ``KVCacheManager``'s, default auto)."""
     config = kvcore.KVCacheConfig.from_specs(num_blocks, case.kvcore_specs(block_size))
     return kvcore.KVCacheManager(
-        config, MAX_MODEL_LEN, enable_caching=case.enable_caching, hash_algorithm=hash_algorithm
+        config,
+        MAX_MODEL_LEN,
+        enable_caching=case.enable_caching,
+        hash_algorithm=hash_algorithm,
+        backend=backend,
     )
 
 
