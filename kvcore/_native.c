@@ -154,9 +154,9 @@ static void
 Core_dealloc(Core *self)
 {
     PyObject_GC_UnTrack(self);
-    PyMem_Free(self->ref);
-    PyMem_Free(self->prev);
-    PyMem_Free(self->next);
+    PyMem_RawFree(self->ref);
+    PyMem_RawFree(self->prev);
+    PyMem_RawFree(self->next);
     Py_CLEAR(self->journal);
     Py_CLEAR(self->hashes);
     Py_CLEAR(self->maps);
@@ -207,9 +207,9 @@ Core_init(Core *self, PyObject *args, PyObject *kwds)
         PyErr_Format(PyExc_ValueError, "num_blocks must be in 1..%d, got %zd", INT32_MAX - 1, n);
         return -1;
     }
-    self->ref = PyMem_Calloc((size_t)n, sizeof(int32_t));
-    self->prev = PyMem_Malloc(((size_t)n + 1) * sizeof(int32_t));
-    self->next = PyMem_Malloc(((size_t)n + 1) * sizeof(int32_t));
+    self->ref = PyMem_RawCalloc((size_t)n, sizeof(int32_t));
+    self->prev = PyMem_RawMalloc(((size_t)n + 1) * sizeof(int32_t));
+    self->next = PyMem_RawMalloc(((size_t)n + 1) * sizeof(int32_t));
     if (self->ref == NULL || self->prev == NULL || self->next == NULL) {
         PyErr_NoMemory();
         return -1;
