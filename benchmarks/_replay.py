@@ -291,10 +291,14 @@ After = Callable[[Any, Callable[[str, list[int]], Any]], Any]
 
 
 def replay_kvcore(
-    case: Case, rec: Recording, hash_algorithm: str = "sha256", after: After | None = None
+    case: Case,
+    rec: Recording,
+    hash_algorithm: str = "sha256",
+    after: After | None = None,
+    backend: str | None = None,
 ) -> Replay:
     """Run the recorded ops through kvcore; every observable result, and the times."""
-    manager = make_kvcore(case, rec.num_blocks, rec.block_size, hash_algorithm)
+    manager = make_kvcore(case, rec.num_blocks, rec.block_size, hash_algorithm, backend)
     get_computed_blocks = manager.get_computed_blocks
     allocate_slots = manager.allocate_slots
     free = manager.free

@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Final, Protocol
 from kvcore._blocks import MAX_NUM_BLOCKS, NULL_BLOCK, UndoLog
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvcore._eviction.queue import FreeQueue
-from kvcore._eviction.registry import DEFAULT_POLICY, resolve_policy
+from kvcore._eviction.registry import DEFAULT_POLICY, QueueFactory, resolve_policy
 from kvcore._hashing import hashes_at_block_size
 from kvcore._request import Request
 from kvcore._utils import format_bytes
@@ -262,7 +262,7 @@ class BlockPool:
             self._num_free = num_blocks
             self._take_null_block(factory.name)
 
-    def _new_queue(self, factory: EvictionPolicyFactory, info: PoolInfo) -> FreeQueue:
+    def _new_queue(self, factory: QueueFactory, info: PoolInfo) -> FreeQueue:
         """The free queue the policy's factory makes (the per-block state is set up by now)."""
         return factory(info)
 

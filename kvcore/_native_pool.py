@@ -39,7 +39,7 @@ from kvcore._block_pool import BlockPool
 from kvcore._events import BlockRemoved
 from kvcore._eviction.lru import lru_policy
 from kvcore._eviction.queue import FreeQueue
-from kvcore._eviction.registry import resolve_policy
+from kvcore._eviction.registry import QueueFactory, resolve_policy
 from kvcore.errors import DoubleFreeError, InvalidConfigError, OutOfBlocksError
 from kvcore.eviction import EvictionPolicyFactory, PoolInfo
 
@@ -49,7 +49,9 @@ __all__ = ["MAX_NATIVE_GROUPS", "NativeBlockPool", "native_gap"]
 MAX_NATIVE_GROUPS: Final = 256
 
 
-def native_gap(eviction: str | EvictionPolicyFactory, num_groups: int) -> str | None:
+def native_gap(
+    eviction: str | EvictionPolicyFactory | QueueFactory, num_groups: int
+) -> str | None:
     """Why a shared pool with this policy and group count needs the Python backend, or ``None``.
 
     Raises:
@@ -78,7 +80,7 @@ class NativeBlockPool(BlockPool):
 
     backend = "native"
 
-    def _new_queue(self, factory: EvictionPolicyFactory, info: PoolInfo) -> FreeQueue:
+    def _new_queue(self, factory: QueueFactory, info: PoolInfo) -> FreeQueue:
         native = importlib.import_module("kvcore._native")
         gap = native_gap(factory, len(self._cached))
         if gap is not None:
@@ -93,7 +95,7 @@ class NativeBlockPool(BlockPool):
         self._core.bind(self._hash, self._cached, self._dups, self._group)
 
     # The specification's _num_free, kept by the core (its undo steps restore it).
-    @property  # type: ignore[override]
+    @property
     def _num_free(self) -> int:
         return self._core.num_free  # type: ignore[no-any-return]
 
