@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 from benchmark_scripts import load_benchmark
-from conftest import require_shared_data
 from native_backend import require_native
 
 bench_native = load_benchmark("bench_native")
 
 
-def test_the_marked_replay_gives_the_same_results_on_both_backends(tmp_path: Path) -> None:
+def test_the_marked_replay_gives_the_same_results_on_both_backends(
+    tmp_path: Path, conversation_trace: Path
+) -> None:
     require_native()
-    trace = require_shared_data(bench_native.CONVERSATION_TRACE)
+    trace = conversation_trace
     folder = bench_native.build_marks(tmp_path)
     runs = []
     for backend in bench_native.BACKENDS:
