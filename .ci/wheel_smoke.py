@@ -7,12 +7,13 @@ passing the sdist, the wheel and the repository's version. What it checks is
 what an editable install cannot show:
 
 * kvcore and its plugins are imported from the environment, not the checkout;
-* one version: the package, the wheel's metadata and ``kvcore --version``;
+* one version: the package, the wheel's metadata and ``kvcore --version``
+  (which names the native backend: the wheel carries the compiled module);
 * the package data shipped (the model configs ``kvcore plan`` reads, the tiny
   models of the executor, ``py.typed``) and the licence;
 * the eight built-in plugins found through their entry points;
 * a plan, a manager and a step of the reference executor work;
-* the sdist holds the licence, the changelog and every plugin.
+* the sdist holds the licence, the changelog, every plugin and the C source.
 
 Usage: ``python wheel_smoke.py SDIST WHEEL VERSION``. Exits non-zero with the
 failed check's message.
@@ -61,7 +62,9 @@ def check_installed(version: str) -> None:
     check(meta == version, f"the wheel's metadata says {meta}, the repository {version}")
     cli = Path(sys.executable).with_name("kvcore")
     printed = subprocess.run([cli, "--version"], capture_output=True, text=True, check=True)
-    check(printed.stdout.strip() == f"kvcore {version}", f"kvcore --version: {printed.stdout!r}")
+    # The wheel is built where a C compiler is: it carries the native backend.
+    expected = f"kvcore {version} (native backend)"
+    check(printed.stdout.strip() == expected, f"kvcore --version: {printed.stdout!r}")
     files = importlib.metadata.files("kvcore") or []
     names = {str(f) for f in files}
     check(any(n.endswith("LICENSE") for n in names), "no LICENSE in the wheel's metadata")
@@ -81,6 +84,7 @@ def check_plugins_and_a_plan() -> None:
     check(loaded >= BUILT_IN, f"the registry loaded {sorted(loaded)}")
     plan = kvcore.plan("gemma-3-27b", memory="8GiB", max_model_len=4096)
     manager = kvcore.KVCacheManager(plan.kv_cache_config, plan.max_model_len)
+    check(manager.backend == "native", f"the wheel's manager runs the {manager.backend} backend")
     request = kvcore.Request("r", prompt_token_ids=list(range(100)))
     hit, num_hit = manager.get_computed_blocks(request)
     blocks = manager.allocate_slots(request, request.num_tokens - num_hit, num_hit, hit)
@@ -101,17 +105,20 @@ def check_sdist(sdist: Path) -> None:
     """The source distribution carries the licence, the changelog and the plugins."""
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
-    for wanted in ("LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml",
-                   *(f"plugins/{name}/__init__.py" for name in BUILT_IN)):
+    for wanted in ("LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "setup.py",
+                   "kvcore/_native.c", *(f"plugins/{name}/__init__.py" for name in BUILT_IN)):
         check(wanted in names, f"{wanted} missing from {sdist.name}")
 
 
 def check_wheel_file(wheel: Path) -> None:
-    """The wheel holds no tests, docs or benchmarks (only the two packages)."""
+    """The wheel holds no tests, docs or benchmarks (only the two packages), and the C module."""
     with zipfile.ZipFile(wheel) as archive:
-        tops = {name.split("/", 1)[0] for name in archive.namelist()}
+        names = archive.namelist()
+    tops = {name.split("/", 1)[0] for name in names}
     extra = {t for t in tops if not t.endswith(".dist-info")} - {"kvcore", "kvcore_plugins"}
     check(not extra, f"the wheel ships more than kvcore and kvcore_plugins: {sorted(extra)}")
+    compiled = [n for n in names if n.startswith("kvcore/_native.") and n.endswith(".so")]
+    check(len(compiled) == 1, f"the wheel holds {compiled} for the native backend, not one module")
 
 
 def main(argv: list[str]) -> int:

@@ -159,10 +159,17 @@ def _by_category(spent: list[float], spans: list[int]) -> tuple[list[float], lis
     return seconds, reads
 
 
-def make_kvcore(case: Case, num_blocks: int, block_size: int, hash_algorithm: str) -> Any:
+def make_kvcore(
+    case: Case, num_blocks: int, block_size: int, hash_algorithm: str, backend: str | None = None
+) -> Any:
+    """A kvcore manager for ``case`` (``backend``: as ``KVCacheManager``'s, default auto)."""
     config = kvcore.KVCacheConfig.from_specs(num_blocks, case.kvcore_specs(block_size))
     return kvcore.KVCacheManager(
-        config, MAX_MODEL_LEN, enable_caching=case.enable_caching, hash_algorithm=hash_algorithm
+        config,
+        MAX_MODEL_LEN,
+        enable_caching=case.enable_caching,
+        hash_algorithm=hash_algorithm,
+        backend=backend,
     )
 
 
@@ -284,10 +291,14 @@ After = Callable[[Any, Callable[[str, list[int]], Any]], Any]
 
 
 def replay_kvcore(
-    case: Case, rec: Recording, hash_algorithm: str = "sha256", after: After | None = None
+    case: Case,
+    rec: Recording,
+    hash_algorithm: str = "sha256",
+    after: After | None = None,
+    backend: str | None = None,
 ) -> Replay:
     """Run the recorded ops through kvcore; every observable result, and the times."""
-    manager = make_kvcore(case, rec.num_blocks, rec.block_size, hash_algorithm)
+    manager = make_kvcore(case, rec.num_blocks, rec.block_size, hash_algorithm, backend)
     get_computed_blocks = manager.get_computed_blocks
     allocate_slots = manager.allocate_slots
     free = manager.free

@@ -45,7 +45,16 @@ from _common import (
     vllm_hash_available,
 )
 from _record import Recorder, ratio
-from _replay import CATEGORIES, Case, Recording, Replay, record_ops, replay_kvcore, replay_vllm
+from _replay import (
+    CATEGORIES,
+    Case,
+    Recording,
+    Replay,
+    make_kvcore,
+    record_ops,
+    replay_kvcore,
+    replay_vllm,
+)
 
 import kvcore
 from kvcore._eviction.lru import LRUFreeQueue
@@ -87,6 +96,8 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
         aged=not args.fresh,
     )
     kinds = rec.kind_counts()
+    manager = make_kvcore(FULL_ATTENTION, rec.num_blocks, rec.block_size, "fast", args.backend)
+    print(f"kvcore's block pool: the {manager.backend} backend (--backend, KVCORE_BACKEND)")
     counts = rec.counts()
     print(
         f"op sequence: {len(rec.ops) - rec.timed_from} timed ops from {len(prompts)} Mooncake "
@@ -98,7 +109,7 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
     candidates: dict[str, Callable[[], Callable[[], Replay]]] = {}
     for algorithm in kvcore.hashing.HASH_ALGORITHMS:
         if kvcore_hash_available(algorithm):
-            candidates[f"kvcore, {algorithm}"] = _kvcore_run(rec, algorithm)
+            candidates[f"kvcore, {algorithm}"] = _kvcore_run(rec, algorithm, args.backend)
         else:
             print(f"  (kvcore {algorithm}: the xxhash package is missing; pip install xxhash)")
     if vllm is not None:
@@ -151,9 +162,11 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
     return ok
 
 
-def _kvcore_run(rec: Recording, algorithm: str) -> Callable[[], Callable[[], Replay]]:
+def _kvcore_run(
+    rec: Recording, algorithm: str, backend: str | None
+) -> Callable[[], Callable[[], Replay]]:
     def prepare() -> Callable[[], Replay]:
-        return lambda: replay_kvcore(FULL_ATTENTION, rec, algorithm)
+        return lambda: replay_kvcore(FULL_ATTENTION, rec, algorithm, backend=backend)
 
     return prepare
 
@@ -340,6 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-blocks", type=int, default=1_000_000)
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "python", "native"],
+        default=None,
+        help="kvcore's block pool (default: KVCORE_BACKEND, else auto)",
+    )
     parser.add_argument(
         "--record", action="store_true", help="write benchmarks/results/bench-allocation.json"
     )

@@ -25,6 +25,7 @@ from kvcore import managers as managers
 from kvcore import planning as planning
 from kvcore import registry as registry
 from kvcore import specs as specs
+from kvcore._backend import backend
 from kvcore._config import (
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -69,5 +70,7 @@ __all__ = [
     "LayerType",
     "hookimpl",
     "available_eviction_policies",
+    # which block pool implementation serves
+    "backend",
     "__version__",
 ]

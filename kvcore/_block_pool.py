@@ -31,12 +31,12 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from itertools import chain, compress
 from operator import itemgetter, length_hint
 from types import TracebackType
-from typing import Any, Final, Protocol
+from typing import Any, ClassVar, Final, Protocol
 
 from kvcore._blocks import MAX_NUM_BLOCKS, NULL_BLOCK, UndoLog
 from kvcore._events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvcore._eviction.queue import FreeQueue
-from kvcore._eviction.registry import DEFAULT_POLICY, resolve_policy
+from kvcore._eviction.registry import DEFAULT_POLICY, QueueFactory, resolve_policy
 from kvcore._hashing import hashes_at_block_size
 from kvcore._request import Request
 from kvcore._utils import format_bytes
@@ -194,6 +194,8 @@ class BlockPool:
     )
 
     null_block: Final = NULL_BLOCK
+    #: Which backend serves this pool, ``"python"`` (this class) or ``"native"``.
+    backend: ClassVar[str] = "python"
     # Whether every block starts free (a page class of a two-level pool starts
     # with none: its blocks exist only where memory is carved for it).
     _FREE_AT_START: bool = True
@@ -254,11 +256,15 @@ class BlockPool:
             view=self,
             free_at_start=self._FREE_AT_START,
         )
-        self._queue: FreeQueue = factory(info)
+        self._queue: FreeQueue = self._new_queue(factory, info)
         self._num_free = 0
         if self._FREE_AT_START:
             self._num_free = num_blocks
             self._take_null_block(factory.name)
+
+    def _new_queue(self, factory: QueueFactory, info: PoolInfo) -> FreeQueue:
+        """The free queue the policy's factory makes (the per-block state is set up by now)."""
+        return factory(info)
 
     def _take_null_block(self, policy: str) -> None:
         taken = self._take(1)
@@ -474,26 +480,31 @@ class BlockPool:
             return
         # No hash has copies: every hashed block is the entry of its map.
         maps = self._cached
-        if len(maps) == 1:
-            # One group (the common engine): one map, and no group to read per block.
-            cached = maps[0]
-            for block, block_hash in zip(blocks, old_hashes, strict=True):
-                if block_hash is not None:
-                    del cached[block_hash]
-                    hash_of[block] = None
-        else:
-            groups = self._groups_of(blocks)
-            for block, block_hash, group in zip(blocks, old_hashes, groups, strict=True):
-                if block_hash is not None:
-                    del maps[group][block_hash]
-                    hash_of[block] = None
-        if self.enable_kv_cache_events:
-            # The group a block was cached in stays recorded after eviction.
-            for block_hash, group in zip(old_hashes, self._groups_of(blocks), strict=True):
-                if block_hash is not None:
-                    self._append_event(BlockRemoved(block_hashes=(block_hash,), group_idx=group))
-        if self._journal is not None:
-            self._journal.append((self._undo_evict, (blocks, old_hashes)))
+        try:
+            if len(maps) == 1:
+                # One group (the common engine): one map, and no group to read per block.
+                cached = maps[0]
+                for block, block_hash in zip(blocks, old_hashes, strict=True):
+                    if block_hash is not None:
+                        del cached[block_hash]
+                        hash_of[block] = None
+            else:
+                groups = self._groups_of(blocks)
+                for block, block_hash, group in zip(blocks, old_hashes, groups, strict=True):
+                    if block_hash is not None:
+                        del maps[group][block_hash]
+                        hash_of[block] = None
+            if self.enable_kv_cache_events:
+                # The group a block was cached in stays recorded after eviction.
+                for block_hash, group in zip(old_hashes, self._groups_of(blocks), strict=True):
+                    if block_hash is not None:
+                        event = BlockRemoved(block_hashes=(block_hash,), group_idx=group)
+                        self._append_event(event)
+        finally:
+            # Also after an error part-way (restoring a hash not yet dropped
+            # changes nothing).
+            if self._journal is not None:
+                self._journal.append((self._undo_evict, (blocks, old_hashes)))
 
     def _evict_among_copies(self, blocks: Sequence[int]) -> None:
         """:meth:`_evict` while some hash has copies: each block is checked for them."""
@@ -503,24 +514,27 @@ class BlockPool:
         dups = self._dups
         evicted: list[int] = []
         evicted_hashes: list[Hashable] = []
-        for block in blocks:
-            block_hash = hash_of[block]
-            if block_hash is None:
-                continue
-            group = group_of[block]
-            if block_hash in dups[group] or maps[group].get(block_hash) != block:
-                self._uncache(block)
-                continue
-            del maps[group][block_hash]
-            hash_of[block] = None
-            evicted.append(block)
-            evicted_hashes.append(block_hash)
-            if self.enable_kv_cache_events:
-                self._append_event(BlockRemoved(block_hashes=(block_hash,), group_idx=group))
-        if evicted and self._journal is not None:
+        try:
+            for block in blocks:
+                block_hash = hash_of[block]
+                if block_hash is None:
+                    continue
+                group = group_of[block]
+                if block_hash in dups[group] or maps[group].get(block_hash) != block:
+                    self._uncache(block)
+                    continue
+                del maps[group][block_hash]
+                hash_of[block] = None
+                evicted.append(block)
+                evicted_hashes.append(block_hash)
+                if self.enable_kv_cache_events:
+                    self._append_event(BlockRemoved(block_hashes=(block_hash,), group_idx=group))
+        finally:
             # No later step of this call touches these hashes (each was the
-            # last under its hash in its group), so they are restored first.
-            self._journal.append((self._undo_evict, (evicted, evicted_hashes)))
+            # last under its hash in its group), so they are restored first;
+            # journaled also when a step fails part-way.
+            if evicted and self._journal is not None:
+                self._journal.append((self._undo_evict, (evicted, evicted_hashes)))
 
     def _undo_evict(self, blocks: Sequence[int], block_hashes: Sequence[Hashable | None]) -> None:
         hash_of = self._hash
@@ -811,24 +825,12 @@ class BlockPool:
         hashes = self._hashes_of(request, block_size, num_full_blocks)
         new_blocks = blocks[num_cached_blocks:num_full_blocks]
         new_hashes = hashes[num_cached_blocks:num_full_blocks]
-        hash_of = self._hash
         several_groups = len(self._cached) > 1
         if self._journal is not None:
             old_groups = list(self._groups_of(new_blocks)) if several_groups else None
             self._journal.append((self._uncache_new, (new_blocks, old_groups, kv_cache_group_id)))
         self._num_stored += len(new_blocks) - new_blocks.count(NULL_BLOCK)
-        cache_first = self._cached[kv_cache_group_id].setdefault
-        dups = self._dups[kv_cache_group_id]
-        for block, block_hash in zip(new_blocks, new_hashes, strict=True):
-            if block:
-                hash_of[block] = block_hash
-                if cache_first(block_hash, block) != block:
-                    dups.setdefault(block_hash, []).append(block)
-        if several_groups:
-            group_of = self._group
-            for block in new_blocks:
-                if block:
-                    group_of[block] = kv_cache_group_id
+        self._enter(new_blocks, new_hashes, kv_cache_group_id, several_groups)
         self._queue.cached(
             kv_cache_group_id,
             blocks,
@@ -841,6 +843,32 @@ class BlockPool:
             self._append_stored_event(
                 request, hashes, new_blocks, num_cached_blocks, block_size, kv_cache_group_id
             )
+
+    def _enter(
+        self,
+        blocks: Sequence[int],
+        block_hashes: Sequence[Hashable],
+        group: int,
+        several_groups: bool,
+    ) -> None:
+        """Cache each non-null block of ``blocks`` under its hash in ``group`` (not undone here).
+
+        A hash already cached in the group keeps its block; the new one waits
+        among the duplicates. ``several_groups``: record the group per block.
+        """
+        hash_of = self._hash
+        cache_first = self._cached[group].setdefault
+        dups = self._dups[group]
+        for block, block_hash in zip(blocks, block_hashes, strict=True):
+            if block:
+                hash_of[block] = block_hash
+                if cache_first(block_hash, block) != block:
+                    dups.setdefault(block_hash, []).append(block)
+        if several_groups:
+            group_of = self._group
+            for block in blocks:
+                if block:
+                    group_of[block] = group
 
     def _hashes_of(self, request: Request, block_size: int, num_blocks: int) -> Sequence[Hashable]:
         """The request's hashes viewed at ``block_size``; they must cover ``num_blocks`` blocks."""

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from kvcore._backend import resolve_backend
 from kvcore._block_pool import BlockPool
 from kvcore._config import KVCacheConfig
 from kvcore._hashing import hashes_at_block_size
 from kvcore._hits import HitRule, hash_and_alignment, make_hit_rule
+from kvcore._native_pool import NativeBlockPool, native_gap
 from kvcore._registry import Registry
 from kvcore._request import Request
 from kvcore._two_level_pool import TwoLevelBlockPool
@@ -40,6 +42,7 @@ class KVCacheCoordinator:
         enable_caching: Prefix caching on.
         enable_kv_cache_events: Queue KV cache events in the pool.
         eviction: The pool's eviction policy.
+        backend: The pool's backend (see :func:`kvcore._backend.resolve_backend`).
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class KVCacheCoordinator:
         enable_caching: bool,
         enable_kv_cache_events: bool,
         eviction: str | EvictionPolicyFactory,
+        backend: str | None = None,
     ) -> None:
         specs = [group.kv_cache_spec for group in config.kv_cache_groups]
         self.config = config
@@ -75,8 +79,11 @@ class KVCacheCoordinator:
         #: one pool per page class carved from large pages.
         self.block_pool: BlockPool | TwoLevelBlockPool
         if config.page_pool is None:
-            self.block_pool = BlockPool(config.num_blocks, num_groups=len(specs), **options)
+            chosen = resolve_backend(backend, native_gap(eviction, len(specs)))
+            pool_class = NativeBlockPool if chosen == "native" else BlockPool
+            self.block_pool = pool_class(config.num_blocks, num_groups=len(specs), **options)
         else:
+            resolve_backend(backend, "a two-level pool (a KVCacheConfig with a page_pool)")
             self.block_pool = TwoLevelBlockPool(config.page_pool, **options)
         self.managers: tuple[SingleTypeManager[Any], ...] = tuple(
             cls(
@@ -375,6 +382,7 @@ def make_coordinator(
     use_eagle: bool,
     enable_kv_cache_events: bool,
     eviction: str | EvictionPolicyFactory = "lru",
+    backend: str | None = None,
 ) -> KVCacheCoordinator:
     """Validate ``config`` and build its coordinator.
 
@@ -407,4 +415,5 @@ def make_coordinator(
         enable_caching=enable_caching and bool(specs),
         enable_kv_cache_events=enable_kv_cache_events,
         eviction=eviction,
+        backend=backend,
     )

@@ -206,11 +206,17 @@ class KVCacheManager:
             :func:`kvcore.available_eviction_policies`, which includes those
             the registry's plugins add) or a factory
             ``(kvcore.eviction.PoolInfo) -> EvictionPolicy``.
+        backend: The block pool's implementation: ``"auto"`` (the compiled
+            pool where it serves the configuration, else the Python one),
+            ``"native"`` (the compiled pool, or an error) or ``"python"``;
+            ``None``: the ``KVCORE_BACKEND`` environment variable, else
+            ``"auto"``. :attr:`backend` tells which one serves.
 
     Raises:
         UnknownSpecError: a group's spec is served by no loaded plugin.
         InvalidConfigError: the config cannot be served as asked (a bad
-            ``max_model_len`` included).
+            ``max_model_len`` included; an unknown ``backend``, or
+            ``"native"`` for a configuration it does not serve).
         PoolTooLargeError: the config has more blocks than a pool can hold.
         UnknownEvictionPolicyError: no policy has the name ``eviction``.
     """
@@ -227,6 +233,7 @@ class KVCacheManager:
         enable_kv_cache_events: bool = False,
         log_stats: bool = True,
         eviction: str | EvictionPolicyFactory = DEFAULT_POLICY,
+        backend: str | None = None,
     ) -> None:
         if type(max_model_len) is not int or max_model_len <= 0:
             msg = f"max_model_len must be a positive integer, got {max_model_len!r}"
@@ -245,8 +252,11 @@ class KVCacheManager:
             use_eagle=use_eagle,
             enable_kv_cache_events=enable_kv_cache_events,
             eviction=select_policy(eviction, registry.eviction_policies),
+            backend=backend,
         )
         self.block_pool = self.coordinator.block_pool
+        #: Which backend serves this manager's block pool, ``"native"`` or ``"python"``.
+        self.backend: str = self.block_pool.backend
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.hash_block_size = self.coordinator.hash_block_size
         self._hasher = BlockHasher(self.hash_block_size, hash_algorithm)

@@ -19,7 +19,7 @@ carved; they go first) and the blocks in its free queue.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from kvcore._block_pool import BlockPool, Transaction, match_in_maps
 from kvcore._blocks import UndoLog
@@ -301,6 +301,8 @@ class TwoLevelBlockPool:
     """
 
     null_block = 0
+    #: Which backend serves this pool (two-level pools are Python only).
+    backend: ClassVar[str] = "python"
 
     def __init__(
         self,

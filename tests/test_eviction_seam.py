@@ -18,6 +18,7 @@ from protocol_adapters import ExactThroughTheProtocol, ReferenceLRU, ThroughTheP
 
 import kvcore
 from kvcore import Request
+from kvcore._backend import native_available
 from kvcore._eviction.driver import PolicyDriver
 from kvcore._eviction.lru import LRUFreeQueue
 from kvcore._eviction.policies import ValuePolicy
@@ -389,7 +390,9 @@ def test_the_documented_example_policy_keeps_every_invariant(registry):
 # -- one order however the pool reaches the queue -----------------------------------------
 
 
-def _managers_on(specs: list[object], evictions: Sequence[object]) -> list[kvcore.KVCacheManager]:
+def _managers_on(
+    specs: list[object], evictions: Sequence[object], backend: str | None = None
+) -> list[kvcore.KVCacheManager]:
     """One manager per eviction policy (name or factory), same config, events on."""
     registry = kvcore.load_registry(environ={})
     config = kvcore.KVCacheConfig.from_specs(70, specs)
@@ -401,6 +404,7 @@ def _managers_on(specs: list[object], evictions: Sequence[object]) -> list[kvcor
             hash_algorithm="fast",
             enable_kv_cache_events=True,
             eviction=eviction,  # type: ignore[arg-type]
+            backend=backend,
         )
         for eviction in evictions
     ]
@@ -419,9 +423,14 @@ def test_the_lru_queue_directly_through_the_protocol_and_the_reference_agree(nam
     """One order, three ways: the built-in queue, the same behind the driver, a plain list.
 
     The same random traffic must give the same block ids, hit lengths,
-    events and free order at every checkpoint.
+    events and free order at every checkpoint; so must the native backend's
+    queue, when it is built.
     """
-    managers = _managers_on(HYBRIDS[name], ("lru", lru_through_the_protocol, reference_lru))
+    managers = _managers_on(
+        HYBRIDS[name], ("lru", lru_through_the_protocol, reference_lru), backend="python"
+    )
+    if native_available():
+        managers += _managers_on(HYBRIDS[name], ("lru",), backend="native")
     pools = [manager.block_pool for manager in managers]
     assert isinstance(pools[0]._queue, LRUFreeQueue)
     assert isinstance(pools[1]._queue, PolicyDriver)
@@ -432,7 +441,7 @@ def test_the_lru_queue_directly_through_the_protocol_and_the_reference_agree(nam
         for pool, other_stats, other_events in zip(pools[1:], stats[1:], events[1:], strict=True):
             assert other_stats == stats[0]
             assert pool.free_block_ids() == pools[0].free_block_ids()
-            assert pool._ref == pools[0]._ref
+            assert list(pool._ref) == list(pools[0]._ref)
             assert pool._hash == pools[0]._hash
             assert other_events == events[0]
             assert pool.num_evicted == pools[0].num_evicted

@@ -361,7 +361,9 @@ def test_a_running_step_that_raises_changes_nothing(
     request = Request("a", list(range(40)))
     manager.allocate_slots(request, 40)
     request.num_computed_tokens = 40
-    original = getattr(kvcore.managers.BlockPool, fail_in)
+    # The class serving this manager: the Python pool or its native twin.
+    pool_class = type(manager.block_pool)
+    original = getattr(pool_class, fail_in)
     armed = [False]
     calls = [0]
 
@@ -371,7 +373,7 @@ def test_a_running_step_that_raises_changes_nothing(
             raise RuntimeError("injected")
         return original(self, *args)
 
-    monkeypatch.setattr(kvcore.managers.BlockPool, fail_in, failing)
+    monkeypatch.setattr(pool_class, fail_in, failing)
     # Every step of 40 tokens allocates (4-token blocks), caches and moves the
     # window past a block now and then: the injected fault fires in each kind.
     raised = 0

@@ -45,7 +45,7 @@ def test_the_installed_metadata_and_the_cli_agree(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
     assert exit_info.value.code == 0
-    assert capsys.readouterr().out == f"kvcore {kvcore.__version__}\n"
+    assert capsys.readouterr().out == f"kvcore {kvcore.__version__} ({kvcore.backend()} backend)\n"
 
 
 def test_the_licence_is_the_apache_2_text():

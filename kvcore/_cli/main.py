@@ -11,13 +11,23 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kvcore import __version__
+from kvcore import __version__, backend
 from kvcore._cli import plan_cmd, plugins_cmd, simulate_cmd, workload_cmd
-from kvcore.errors import KVCoreError
+from kvcore.errors import InvalidConfigError, KVCoreError
 
 __all__ = ["build_parser", "main"]
 
 SUBCOMMANDS = (plan_cmd, plugins_cmd, simulate_cmd, workload_cmd)
+
+
+def version_line() -> str:
+    """What ``kvcore --version`` prints: the version and the backend pools get by default."""
+    try:
+        name = backend()
+    except InvalidConfigError as error:
+        # A bad KVCORE_BACKEND must not hide the version; say what is wrong.
+        return f"kvcore {__version__} ({one_line(str(error))})"
+    return f"kvcore {__version__} ({name} backend)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvcore",
         description="Plan and simulate the paged KV cache of hybrid LLMs.",
     )
-    parser.add_argument("--version", action="version", version=f"kvcore {__version__}")
+    parser.add_argument("--version", action="version", version=version_line())
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.add_parser(subparsers)

@@ -137,7 +137,7 @@ def test_blocks_marked_not_run_in_ci_are_not_run(tmp_path: Path):
 def test_a_command_exiting_through_argparse_is_compared(tmp_path: Path):
     import kvcore
 
-    shown = f"$ kvcore --version\nkvcore {kvcore.__version__}"
+    shown = f"$ kvcore --version\nkvcore {kvcore.__version__} ({kvcore.backend()} backend)"
     assert run_page([block(shown, "console")], tmp_path) == 1
 
 

@@ -80,6 +80,9 @@ def through_the_bookkeeping_tests(mutation: Mutation, plan: kvcore.KVCachePlan) 
 def test_mutation(mutation, monkeypatch):
     plan = tiny_plan(mutation.model, pressure=1.2)
     monkeypatch.undo()  # plan with the real code; break the bookkeeping only for the runs
+    # The mutations break the Python pool, the specification (the native pool
+    # has its own planted faults: tests/native/test_native_mutants.py).
+    monkeypatch.setenv("KVCORE_BACKEND", "python")
     mutation.apply(monkeypatch)
     verdict, invariant_failures = through_the_executor(mutation, plan)
     random_workload = through_the_bookkeeping_tests(mutation, plan)

@@ -1,0 +1,159 @@
+"""The native block pool: :class:`~kvcore._block_pool.BlockPool` with its per-block loops in C.
+
+:class:`NativeBlockPool` behaves exactly as the Python pool (the
+specification, :mod:`kvcore._block_pool`) with the ``lru`` policy; the
+differential tests drive both with the same traffic and compare them after
+every step. What moves to C (:mod:`kvcore._native`, built from
+``kvcore/_native.c``):
+
+- the reference counts, a flat int32 array (``_ref`` is a writable
+  memoryview of it, so the specification's inspection and checks read it
+  unchanged);
+- the ``lru`` free queue, a doubly linked list through the block ids (the
+  core *is* the pool's free queue: it provides the
+  :class:`~kvcore._eviction.queue.FreeQueue` methods);
+- the count of free blocks;
+- the batched loops: taking blocks (with the eviction of their hashes),
+  releasing a table, touching a hit, counting evictable hits, matching a
+  prefix and entering full blocks in the cache.
+
+The prefix map stays the Python pool's containers (the per-block hash list,
+the per-group dicts, the group bytearray), driven from C: block hashes are any
+hashable the engine supplies, and a dict probe from C on a key with a cached
+hash is as cheap as a table of our own. The rare steps stay Python, shared
+with the specification: a hash with duplicates (``_uncache``), the events,
+the reset and the invariant checks.
+
+Every change made inside a transaction records its undo in the pool's log,
+the C steps included, so a rollback restores the exact state (queue order
+too).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Hashable, Sequence
+from typing import Final
+
+from kvcore._block_pool import BlockPool
+from kvcore._events import BlockRemoved
+from kvcore._eviction.lru import lru_policy
+from kvcore._eviction.queue import FreeQueue
+from kvcore._eviction.registry import QueueFactory, resolve_policy
+from kvcore.errors import DoubleFreeError, InvalidConfigError, OutOfBlocksError
+from kvcore.eviction import EvictionPolicyFactory, PoolInfo
+
+__all__ = ["MAX_NATIVE_GROUPS", "NativeBlockPool", "native_gap"]
+
+#: Groups a native pool serves (the group of each block is one byte).
+MAX_NATIVE_GROUPS: Final = 256
+
+
+def native_gap(
+    eviction: str | EvictionPolicyFactory | QueueFactory, num_groups: int
+) -> str | None:
+    """Why a shared pool with this policy and group count needs the Python backend, or ``None``.
+
+    Raises:
+        UnknownEvictionPolicyError: ``eviction`` names no built-in policy.
+    """
+    factory = resolve_policy(eviction)
+    if factory.build is not lru_policy:
+        return f"eviction={factory.name!r} (the native backend serves the 'lru' policy)"
+    if num_groups > MAX_NATIVE_GROUPS:
+        return f"{num_groups} KV cache groups (the native backend serves up to 256)"
+    return None
+
+
+class NativeBlockPool(BlockPool):
+    """A :class:`~kvcore._block_pool.BlockPool` whose counts, queue and loops are compiled.
+
+    The arguments and behaviour are those of the Python pool, with the ``lru``
+    policy and at most :data:`MAX_NATIVE_GROUPS` groups.
+
+    Raises:
+        InvalidConfigError: another policy, or more groups (see :func:`native_gap`);
+            or as the Python pool.
+    """
+
+    __slots__ = ("_core",)
+
+    backend = "native"
+
+    def _new_queue(self, factory: QueueFactory, info: PoolInfo) -> FreeQueue:
+        native = importlib.import_module("kvcore._native")
+        gap = native_gap(factory, len(self._cached))
+        if gap is not None:
+            msg = f"the native block pool cannot serve {gap}; use backend='python' or 'auto'"
+            raise InvalidConfigError(msg)
+        self._core = native.Core(info.num_blocks, DoubleFreeError)
+        self._bind()
+        self._ref = memoryview(self._core)  # type: ignore[assignment]
+        return self._core  # type: ignore[no-any-return]
+
+    def _bind(self) -> None:
+        self._core.bind(self._hash, self._cached, self._dups, self._group)
+
+    # The specification's _num_free, kept by the core (its undo steps restore it).
+    @property
+    def _num_free(self) -> int:
+        return self._core.num_free  # type: ignore[no-any-return]
+
+    @_num_free.setter
+    def _num_free(self, value: int) -> None:
+        self._core.num_free = value
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks that can be allocated now (free, including evictable cached ones)."""
+        return self._core.num_free  # type: ignore[no-any-return]
+
+    def _take(self, num_blocks: int) -> list[int]:
+        if num_blocks > self._core.num_free:
+            msg = f"cannot take {num_blocks} blocks: only {self._core.num_free} are free"
+            raise OutOfBlocksError(msg)
+        if not num_blocks:
+            return []
+        removed = self._removed if self.enable_kv_cache_events else None
+        return self._core.take_blocks(  # type: ignore[no-any-return]
+            num_blocks, self.enable_caching, self._uncache, removed
+        )
+
+    def _removed(self, block_hash: Hashable, group: int) -> None:
+        self._append_event(BlockRemoved(block_hashes=(block_hash,), group_idx=group))
+
+    def _release(self, blocks: Sequence[int]) -> list[int]:
+        return self._core.release_blocks(blocks)  # type: ignore[no-any-return]
+
+    def _touch(self, blocks: Sequence[int]) -> list[int]:
+        # The lru queue ignores hits: no notice to send after the revive.
+        return self._core.touch_blocks(blocks)  # type: ignore[no-any-return]
+
+    def count_evictable(self, blocks: Sequence[int]) -> int:
+        """How many of ``blocks`` are free (cached, in the free queue); nulls not counted."""
+        return self._core.count_evictable(blocks)  # type: ignore[no-any-return]
+
+    def match_prefix(
+        self,
+        block_hashes: Sequence[Hashable],
+        start: int,
+        stop: int,
+        kv_cache_group_ids: Sequence[int],
+    ) -> tuple[list[int], ...]:
+        """Look up ``block_hashes[start:stop]`` left to right until the first miss (per group)."""
+        return self._core.match_prefix(  # type: ignore[no-any-return]
+            block_hashes, start, stop, kv_cache_group_ids
+        )
+
+    def _enter(
+        self,
+        blocks: Sequence[int],
+        block_hashes: Sequence[Hashable],
+        group: int,
+        several_groups: bool,
+    ) -> None:
+        self._core.enter(blocks, block_hashes, group, several_groups)
+
+    def _clear_cache(self) -> None:
+        # The specification makes a new hash list: the core must drive that one.
+        super()._clear_cache()
+        self._bind()

@@ -1,0 +1,175 @@
+"""Choosing the backend: the argument, KVCORE_BACKEND, ``auto``, and what each says.
+
+The behaviour of the native pool itself is tested against the Python one in
+``test_native_differential.py``; here: which pool a manager gets, the errors
+and notices on the way, and the compiled module's own guards.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from native_backend import require_native
+from tiny_specs import full
+
+import kvcore
+from kvcore import _backend
+from kvcore._block_pool import BlockPool
+from kvcore._cli.main import main
+from kvcore.errors import DoubleFreeError, InvalidConfigError
+
+REGISTRY = kvcore.load_registry(only=["full_attention"])
+
+
+def manager(**kwargs: object) -> kvcore.KVCacheManager:
+    config = kvcore.KVCacheConfig.from_specs(10, [full()])
+    return kvcore.KVCacheManager(config, 64, registry=REGISTRY, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(autouse=True)
+def fresh_notices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sees the once-only notices afresh and no KVCORE_BACKEND of the caller."""
+    monkeypatch.setattr(_backend, "_said", set())
+    monkeypatch.delenv("KVCORE_BACKEND", raising=False)
+
+
+def test_auto_is_native_where_the_module_imports() -> None:
+    require_native()
+    assert kvcore.backend() == "native"
+    assert manager().backend == "native"
+    assert type(manager().block_pool).__name__ == "NativeBlockPool"
+
+
+@pytest.mark.parametrize("source", ["argument", "environment"])
+def test_python_is_chosen_by_argument_or_environment(
+    source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if source == "argument":
+        built = manager(backend="python")
+    else:
+        monkeypatch.setenv("KVCORE_BACKEND", "python")
+        assert kvcore.backend() == "python"
+        built = manager()
+    assert built.backend == "python"
+    assert type(built.block_pool) is BlockPool
+
+
+def test_the_argument_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    require_native()
+    monkeypatch.setenv("KVCORE_BACKEND", "python")
+    assert manager(backend="native").backend == "native"
+
+
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [
+        ("argument", r"backend must be one of 'auto', 'python', 'native', got 'c\+\+'"),
+        ("environment", r"KVCORE_BACKEND must be one of 'auto', 'python', 'native', got 'c\+\+'"),
+    ],
+)
+def test_an_unknown_backend_names_the_field_and_the_choices(
+    where: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options: dict[str, object] = {}
+    if where == "argument":
+        options["backend"] = "c++"
+    else:
+        monkeypatch.setenv("KVCORE_BACKEND", "c++")
+    with pytest.raises(InvalidConfigError, match=expected):
+        manager(**options)
+
+
+def test_native_refuses_a_policy_it_does_not_serve_and_auto_says_which_it_used(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    require_native()
+    with pytest.raises(
+        InvalidConfigError,
+        match=r"the native backend does not serve eviction='frequency' \(the native backend "
+        r"serves the 'lru' policy\); use backend='auto' or 'python'",
+    ):
+        manager(backend="native", eviction="frequency")
+    with caplog.at_level(logging.INFO, logger="kvcore"):
+        first = manager(eviction="frequency")
+        second = manager(eviction="frequency")
+    assert (first.backend, second.backend) == ("python", "python")
+    notices = [r.getMessage() for r in caplog.records if r.name == "kvcore"]
+    assert notices == [
+        "kvcore: the Python backend serves eviction='frequency' (the native "
+        "backend serves the 'lru' policy)"
+    ]
+
+
+def test_without_the_module_auto_falls_back_once_and_native_says_how_to_fix(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_backend, "_native_import_error", lambda: "No module named 'x'")
+    with caplog.at_level(logging.WARNING, logger="kvcore"):
+        assert [manager().backend for _ in range(3)] == ["python"] * 3
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "using the Python backend" in warnings[0].getMessage()
+    with pytest.raises(InvalidConfigError, match=r"reinstall kvcore with a C compiler present"):
+        manager(backend="native")
+
+
+def test_version_names_the_backend(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KVCORE_BACKEND", "python")
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out == f"kvcore {kvcore.__version__} (python backend)\n"
+    monkeypatch.setenv("KVCORE_BACKEND", "fortran")
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"kvcore {kvcore.__version__} (KVCORE_BACKEND must be one of")
+
+
+# -- the compiled module's guards (past the pool, it still refuses bad ids) ---------------
+
+
+def test_the_native_pool_refuses_what_the_python_pool_refuses() -> None:
+    require_native()
+    from kvcore._native_pool import NativeBlockPool
+
+    pool = NativeBlockPool(6)
+    blocks = pool.get_new_blocks(2)
+    assert blocks == [1, 2]
+    pool.free_blocks([2])
+    before = (list(pool._ref), pool.free_block_ids(), pool.get_num_free_blocks())
+    with pytest.raises(DoubleFreeError, match=r"block 2 was freed more often than it was"):
+        pool.free_blocks([1, 2])
+    assert (list(pool._ref), pool.free_block_ids(), pool.get_num_free_blocks()) == before
+    assert pool.free_block_ids() == [3, 4, 5, 2]
+    assert pool.ref_count(1) == 1
+
+
+def test_the_core_checks_block_ids_itself() -> None:
+    require_native()
+    from kvcore import _native  # type: ignore[attr-defined]
+
+    core = _native.Core(4, DoubleFreeError)
+    with pytest.raises(IndexError, match=r"block 4 is not a block of this pool \(ids 0\.\.3\)"):
+        core.release_blocks([4])
+    with pytest.raises(IndexError, match=r"block -1 is not a block"):
+        core.touch_blocks([-1])
+    with pytest.raises(RuntimeError, match=r"used before bind"):
+        core.take_blocks(1, False, None, None)
+    core.bind([None] * 4, [{}], [{}], bytearray(4))
+    with pytest.raises(ValueError, match=r"cannot take 5 blocks: only 4 are free"):
+        core.take_blocks(5, False, None, None)
+    with pytest.raises(ValueError, match=r"bind\(\): hashes and groups need one entry a block"):
+        core.bind([None] * 3, [{}], [{}], bytearray(4))
+    # Nothing changed: the queue is still in id order, every count 0.
+    assert core.queued() == [0, 1, 2, 3]
+    assert list(memoryview(core)) == [0, 0, 0, 0]
+
+
+def test_more_groups_than_the_native_pool_serves_use_python() -> None:
+    from kvcore._native_pool import native_gap
+
+    assert native_gap("lru", 256) is None
+    assert native_gap("lru", 257) == "257 KV cache groups (the native backend serves up to 256)"
