@@ -27,10 +27,12 @@ Exit status 1 if any page fails, with one line per problem.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -103,7 +105,7 @@ class DevTools:
 
         self._process = subprocess.Popen(
             command, pass_fds=(3, 4), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=child_fds,
+            preexec_fn=child_fds, process_group=0,
         )
         os.close(to_chrome_r)
         os.close(from_chrome_w)
@@ -144,9 +146,20 @@ class DevTools:
         return json.loads(message)  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        """Stop Chromium."""
-        self._process.terminate()
+        """Stop Chromium and every helper process it started."""
+        # Its renderer and crash handler outlive the browser process and may
+        # still write to the profile while the caller removes it: the whole
+        # process group goes.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signal.SIGTERM)
         self._process.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self._process.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
         os.close(self._to_chrome)
         os.close(self._from_chrome)
 
