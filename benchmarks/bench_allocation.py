@@ -15,6 +15,9 @@ Figures are medians over the rounds with the min–max spread, per operation
 (lookup, admission, decode, free; see ``_replay.py``), with the clock reads
 subtracted. Then the memory of a pool of 1,000,000 blocks, fresh and aged.
 
+kvcore runs twice, on the pure-Python block pool and on the compiled one
+(where the extension is built; ``--backend`` keeps one), in the same rounds.
+
 Run::
 
     python benchmarks/bench_allocation.py            # kvcore alone
@@ -30,6 +33,7 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable
+from itertools import product
 from typing import Any
 
 from _common import (
@@ -50,13 +54,13 @@ from _replay import (
     Case,
     Recording,
     Replay,
-    make_kvcore,
     record_ops,
     replay_kvcore,
     replay_vllm,
 )
 
 import kvcore
+from kvcore._backend import native_available
 from kvcore._eviction.lru import LRUFreeQueue
 from kvcore._trace import read_mooncake_trace
 from kvcore_plugins.full_attention import FullAttentionSpec
@@ -96,8 +100,7 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
         aged=not args.fresh,
     )
     kinds = rec.kind_counts()
-    manager = make_kvcore(FULL_ATTENTION, rec.num_blocks, rec.block_size, "fast", args.backend)
-    print(f"kvcore's block pool: the {manager.backend} backend (--backend, KVCORE_BACKEND)")
+    backends = _backends(args.backend)
     counts = rec.counts()
     print(
         f"op sequence: {len(rec.ops) - rec.timed_from} timed ops from {len(prompts)} Mooncake "
@@ -108,10 +111,11 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
     )
     candidates: dict[str, Callable[[], Callable[[], Replay]]] = {}
     for algorithm in kvcore.hashing.HASH_ALGORITHMS:
-        if kvcore_hash_available(algorithm):
-            candidates[f"kvcore, {algorithm}"] = _kvcore_run(rec, algorithm, args.backend)
-        else:
+        if not kvcore_hash_available(algorithm):
             print(f"  (kvcore {algorithm}: the xxhash package is missing; pip install xxhash)")
+            continue
+        for backend in backends:
+            candidates[f"kvcore {backend}, {algorithm}"] = _kvcore_run(rec, algorithm, backend)
     if vllm is not None:
         for name in VLLM_HASHES:
             if vllm_hash_available(vllm, name):
@@ -127,7 +131,7 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
         return [*per_op, total], replay.results
 
     measured = interleaved_rounds(args.rounds, candidates, measure)
-    reference_name = "vLLM sha256" if vllm is not None else "kvcore, sha256"
+    reference_name = "vLLM sha256" if vllm is not None else f"kvcore {backends[0]}, sha256"
     reference = measured[reference_name][1]
     ok = True
     for name, (_, results) in measured.items():
@@ -144,22 +148,33 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
     header = "".join(
         f"{c + f' ({n})':>24}" for c, n in zip(columns, [*counts, sum(counts)], strict=True)
     )
-    print(f"  {'implementation':<18}{header}")
+    print(f"  {'implementation':<24}{header}")
     spreads: dict[str, list[Spread]] = {}
     for name, (samples, _) in measured.items():
         spreads[name] = [Spread([s[i] for s in samples]) for i in range(len(columns))]
-        print(f"  {name:<18}" + "".join(f"{s.fmt():>24}" for s in spreads[name]))
+        print(f"  {name:<24}" + "".join(f"{s.fmt():>24}" for s in spreads[name]))
     if vllm is not None:
         print("  ratio vLLM / kvcore (median of each):")
-        for algorithm, vllm_name in PAIRS.items():
-            k, v = f"kvcore, {algorithm}", f"vLLM {vllm_name}"
+        for (algorithm, vllm_name), backend in product(PAIRS.items(), backends):
+            k, v = f"kvcore {backend}, {algorithm}", f"vLLM {vllm_name}"
             if k in spreads and v in spreads:
                 ratios = [b.median / a.median for a, b in zip(spreads[k], spreads[v], strict=True)]
-                print(f"  {k + ' vs ' + vllm_name:<30}" + "".join(f"{r:>18.2f}x" for r in ratios))
+                print(f"  {k + ' vs ' + vllm_name:<36}" + "".join(f"{r:>18.2f}x" for r in ratios))
                 for column, value in zip(columns, ratios, strict=True):
-                    recorder.figure(f"ratio.{algorithm}.{column.replace(' ', '-')}", ratio(value))
+                    key = f"ratio.{backend}.{algorithm}.{column.replace(' ', '-')}"
+                    recorder.figure(key, ratio(value))
         print(f"  identical results (hit lengths, block ids, refusals) in every replay: {ok}")
     return ok
+
+
+def _backends(asked: str | None) -> list[str]:
+    """The block-pool backends to time: the one asked for, else both where the extension built."""
+    if asked not in (None, "auto"):
+        return [asked]
+    if native_available():
+        return ["python", "native"]
+    print("  (kvcore native: the compiled module is not built; timing the Python pool only)")
+    return ["python"]
 
 
 def _kvcore_run(
@@ -357,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         "--backend",
         choices=["auto", "python", "native"],
         default=None,
-        help="kvcore's block pool (default: KVCORE_BACKEND, else auto)",
+        help="time only this block pool (default: both, python and native where it is built)",
     )
     parser.add_argument(
         "--record", action="store_true", help="write benchmarks/results/bench-allocation.json"
