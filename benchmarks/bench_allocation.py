@@ -115,7 +115,7 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
             print(f"  (kvcore {algorithm}: the xxhash package is missing; pip install xxhash)")
             continue
         for backend in backends:
-            candidates[f"kvcore {backend}, {algorithm}"] = _kvcore_run(rec, algorithm, backend)
+            candidates[f"kvcore/{backend}, {algorithm}"] = _kvcore_run(rec, algorithm, backend)
     if vllm is not None:
         for name in VLLM_HASHES:
             if vllm_hash_available(vllm, name):
@@ -131,7 +131,7 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
         return [*per_op, total], replay.results
 
     measured = interleaved_rounds(args.rounds, candidates, measure)
-    reference_name = "vLLM sha256" if vllm is not None else f"kvcore {backends[0]}, sha256"
+    reference_name = "vLLM sha256" if vllm is not None else f"kvcore/{backends[0]}, sha256"
     reference = measured[reference_name][1]
     ok = True
     for name, (_, results) in measured.items():
@@ -156,7 +156,7 @@ def bench_replay(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
     if vllm is not None:
         print("  ratio vLLM / kvcore (median of each):")
         for (algorithm, vllm_name), backend in product(PAIRS.items(), backends):
-            k, v = f"kvcore {backend}, {algorithm}", f"vLLM {vllm_name}"
+            k, v = f"kvcore/{backend}, {algorithm}", f"vLLM {vllm_name}"
             if k in spreads and v in spreads:
                 ratios = [b.median / a.median for a, b in zip(spreads[k], spreads[v], strict=True)]
                 print(f"  {k + ' vs ' + vllm_name:<36}" + "".join(f"{r:>18.2f}x" for r in ratios))
