@@ -98,7 +98,15 @@ class KVCacheCoordinator:
         # the others remove_skipped_blocks is not even called.
         self.windowed = tuple(m for m in self.managers if m.frees_skipped_blocks)
         self.cacheable = tuple(m for m in self.managers if m.caches_blocks)
+        if not self.use_eagle:
+            # cache_blocks caches up to the last aligned token count only (with
+            # EAGLE, one block further: any block boundary may then matter).
+            for manager in self.cacheable:
+                manager.cache_grid_tokens = self.alignment_tokens
         self.decoder_groups = tuple(m for m in self.managers if not m.allocates_for_encoder)
+        #: Groups whose blocks hold encoder tokens.
+        self.encoder_groups = tuple(m for m in self.managers if m.allocates_for_encoder)
+        self._no_hits: Hits = tuple([] for _ in self.managers)
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[Hashable], max_cache_hit_length: int
@@ -214,6 +222,57 @@ class KVCacheCoordinator:
                 limit = min(num_computed_tokens, aligned + manager.block_size)
             manager.cache_blocks(request, limit)
 
+    def _cache_limit(self, manager: SingleTypeManager[Any], aligned: int, num_tokens: int) -> int:
+        """Tokens ``manager`` caches up to, ``num_tokens`` given (``aligned``: to the alignment)."""
+        if self.use_eagle and aligned:
+            return min(num_tokens, aligned + manager.block_size)
+        return aligned
+
+    def decode_step(
+        self,
+        request: Request,
+        due: Sequence[int],
+        num_need_slot: int,
+        num_to_cache: int | None,
+    ) -> Hits | None:
+        """A running request's step that adopts nothing, in the groups ``due`` only.
+
+        The other groups' :meth:`steady_until` says they have nothing to do
+        in this step, so the pool sees exactly the calls of the whole route
+        (:meth:`remove_skipped_blocks`, :meth:`blocks_to_allocate`,
+        :meth:`allocate_new_blocks`, :meth:`cache_blocks`), in the same
+        order, for the groups that act. Only for configs without a group
+        that allocates for the encoder. Runs inside the caller's transaction.
+
+        Returns:
+            The new blocks per group (empty lists outside ``due``), or
+            ``None`` if the pool has no room (blocks freed as skipped stay
+            free: nobody needs them).
+        """
+        managers = self.managers
+        request_id = request.request_id
+        num_computed = request.num_computed_tokens
+        for group in due:
+            if managers[group].frees_skipped_blocks:
+                managers[group].remove_skipped_blocks(request_id, num_computed)
+        demand = [0] * len(managers)
+        for group in due:
+            demand[group] = managers[group].get_num_blocks_to_allocate(
+                request_id, num_need_slot, (), num_computed
+            )
+        if not self.block_pool.make_room(demand, self._no_hits):
+            return None
+        new_blocks: list[list[int]] = [[] for _ in managers]
+        for group in due:
+            new_blocks[group] = managers[group].allocate_new_blocks(request_id, num_need_slot)
+        if self.enable_caching and num_to_cache is not None:
+            aligned = num_to_cache - num_to_cache % self.alignment_tokens
+            for group in due:
+                manager = managers[group]
+                if manager.caches_blocks:
+                    manager.cache_blocks(request, self._cache_limit(manager, aligned, num_to_cache))
+        return tuple(new_blocks)
+
     def free(self, request_id: str) -> None:
         """Release the request's blocks in every group."""
         for manager in self.managers:
@@ -224,11 +283,11 @@ class KVCacheCoordinator:
         for manager in self.windowed:
             manager.remove_skipped_blocks(request_id, total_computed_tokens)
 
-    def steady_until(self, request_id: str, num_computed_tokens: int) -> int:
-        """The most tokens a running request can need before any group changes anything."""
-        steady = self.managers[0].steady_until(request_id, num_computed_tokens)
-        for manager in self.managers[1:]:
-            steady = min(steady, manager.steady_until(request_id, num_computed_tokens))
+    def steady_until(self, request_id: str, num_computed_tokens: int) -> list[int]:
+        """Per group, the most tokens a running request can need before the group acts."""
+        steady = []
+        for manager in self.managers:
+            steady.append(manager.steady_until(request_id, num_computed_tokens))
         return steady
 
     def new_step_starts(self) -> None:

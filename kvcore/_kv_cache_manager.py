@@ -271,8 +271,10 @@ class KVCacheManager:
         # id is refused (it would share the first one's block tables).
         self._requests: dict[str, Request] = {}
         # Per running request: the tokens it may need before any group has
-        # something to do (the coordinator's steady_until after its last change).
+        # something to do (the least of the coordinator's steady_until after
+        # its last change), and that count per group.
         self._steady: dict[str, int] = {}
+        self._group_steady: dict[str, list[int]] = {}
         # A decode step has hashing to do once its tokens fill a new hash unit.
         self._hash_unit = self.hash_block_size if enable_caching else _NO_LIMIT
         self._busy = threading.Lock()
@@ -416,11 +418,12 @@ class KVCacheManager:
     def _decode_step_is_steady(
         self, request: Request, num_new_tokens: object, num_lookahead_tokens: object
     ) -> bool:
-        """Whether this step of a running request changes nothing (no group has work).
+        """Whether this step of a running request changes no table (no group has work).
 
-        A decode step mostly allocates nothing, completes no block for the
-        hasher, caches and frees nothing. Only valid arguments qualify: any
-        doubt sends the call the full way, where it is checked.
+        A decode step mostly allocates, caches and frees nothing. One that
+        completes a hash unit is hashed here (the hasher checks the new token
+        ids; nothing else changes). Only valid arguments qualify: any doubt
+        sends the call the full way, where it is checked.
         """
         num_computed = request.num_computed_tokens
         if not (
@@ -431,14 +434,17 @@ class KVCacheManager:
             return False
         need = num_computed + num_new_tokens
         num_tokens = len(request.all_token_ids)
-        return (
+        if not (
             num_new_tokens > 0
             and num_lookahead_tokens >= 0
             and 0 <= num_computed <= num_tokens
             and need <= self.max_model_len
             and need + num_lookahead_tokens <= self._steady[request.request_id]
-            and num_tokens < (len(request.block_hashes) + 1) * self._hash_unit
-        )
+        ):
+            return False
+        if num_tokens >= (len(request.block_hashes) + 1) * self._hash_unit:
+            self._hasher.update(request)
+        return True
 
     def _allocate(
         self,
@@ -476,6 +482,14 @@ class KVCacheManager:
             None if delay_cache_blocks else min(num_computed + num_new, request.num_tokens)
         )
         request_id = request.request_id
+        if (
+            running
+            and new_computed_blocks is None
+            and not (num_hit or num_external or num_encoder or self.coordinator.encoder_groups)
+        ):
+            return self._decode_step(
+                request, num_computed + num_new + num_lookahead, num_need_slot, num_to_cache
+            )
         with self.block_pool.transaction():
             new_blocks = self._change_tables(
                 request,
@@ -491,7 +505,7 @@ class KVCacheManager:
             if holds_blocks:
                 steady = self._steady_after(request)
         if holds_blocks:
-            self._steady[request_id] = steady
+            self._set_steady(request_id, steady)
         if new_blocks is None:
             return None
         if not running:
@@ -533,9 +547,42 @@ class KVCacheManager:
             coordinator.cache_blocks(request, num_to_cache)
         return new_blocks
 
-    def _steady_after(self, request: Request) -> int:
+    def _decode_step(
+        self, request: Request, num_wanted: int, num_need_slot: int, num_to_cache: int | None
+    ) -> KVCacheBlocks | None:
+        """A running request's step that adopts nothing: only the groups with work are called.
+
+        ``num_wanted``: computed plus new plus lookahead tokens. A group
+        whose :meth:`~kvcore.managers.SingleTypeManager.steady_until` (asked
+        after its table last changed) is at least that has nothing to do, so
+        a step costs what its acting groups do, not what every group does
+        (groups with small blocks act every few tokens, the others rarely).
+        """
+        request_id = request.request_id
+        limits = self._group_steady[request_id]
+        due = [group for group, limit in enumerate(limits) if num_wanted > limit]
+        if not due:
+            return self.empty_kv_cache_blocks
+        coordinator = self.coordinator
+        with self.block_pool.transaction():
+            new_blocks = coordinator.decode_step(request, due, num_need_slot, num_to_cache)
+            # Asked inside the transaction: a manager that raises here undoes the step.
+            steady = limits.copy()
+            num_computed = request.num_computed_tokens
+            for group in due:
+                steady[group] = coordinator.managers[group].steady_until(request_id, num_computed)
+        self._set_steady(request_id, steady)
+        if new_blocks is None:
+            return None
+        return KVCacheBlocks(new_blocks) if any(new_blocks) else self.empty_kv_cache_blocks
+
+    def _steady_after(self, request: Request) -> list[int]:
         """Ask the groups when the request's next change comes (after its tables changed)."""
         return self.coordinator.steady_until(request.request_id, request.num_computed_tokens)
+
+    def _set_steady(self, request_id: str, limits: list[int]) -> None:
+        self._group_steady[request_id] = limits
+        self._steady[request_id] = min(limits)
 
     # -- the checks of the allocation route ---------------------------------------------
 
@@ -692,6 +739,7 @@ class KVCacheManager:
             request._kv_owner = None
             del self._requests[request.request_id]
             del self._steady[request.request_id]
+            del self._group_steady[request.request_id]
         finally:
             self._busy.release()
 
@@ -730,7 +778,7 @@ class KVCacheManager:
             with self.block_pool.transaction():
                 self.coordinator.cache_blocks(request, num_computed_tokens)
                 steady = self._steady_after(request)
-            self._steady[request.request_id] = steady
+            self._set_steady(request.request_id, steady)
         finally:
             self._busy.release()
 
@@ -763,7 +811,7 @@ class KVCacheManager:
             with self.block_pool.transaction():
                 self.coordinator.remove_skipped_blocks(request_id, total_computed_tokens)
                 steady = self._steady_after(request)
-            self._steady[request_id] = steady
+            self._set_steady(request_id, steady)
         finally:
             self._busy.release()
 

@@ -36,6 +36,7 @@ recorded in the running transaction's undo log.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
@@ -53,6 +54,8 @@ RESERVED = -2
 _LEAVING = -3
 #: The age of a free small page that caches nothing: taking it loses nothing.
 _NOTHING_LOST = -1
+#: Most blocks of one class :meth:`LargePages._own_queues_cover` looks at.
+_QUICK_PLAN_BLOCKS = 8
 
 
 class ClassMemory(Protocol):
@@ -206,13 +209,13 @@ class LargePages:
         per = self.per_page[klass]
         in_use = self.in_use
         fully_free = self.fully_free[klass]
-        for block in blocks:
-            page = block // per
+        # Counted per page (in C): a request's blocks come a page at a time.
+        for page, count in Counter(map(per.__rfloordiv__, blocks)).items():
             if not in_use[page]:
                 since = fully_free.pop(page, None)
                 if since is not None:
                     self._record(fully_free.__setitem__, page, since)
-            in_use[page] += 1
+            in_use[page] += count
         self._record(self._unuse, per, blocks)
 
     def _unuse(self, per: int, blocks: Sequence[int]) -> None:
@@ -227,13 +230,12 @@ class LargePages:
         per = self.per_page[klass]
         in_use = self.in_use
         self._record(self._unfree, per, blocks)
-        emptied: list[int] = []
-        for block in blocks:
-            page = block // per
-            in_use[page] -= 1
-            if not in_use[page]:
-                emptied.append(page)
-        for page in emptied:
+        pages = list(map(per.__rfloordiv__, blocks))
+        for page, count in Counter(pages).items():
+            in_use[page] -= count
+        # Settled in the order the pages were left empty: that of their last block.
+        emptied = [page for page in dict.fromkeys(reversed(pages)) if not in_use[page]]
+        for page in reversed(emptied):
             self.settle(klass, page)
 
     def _set_clock(self, value: int) -> None:
@@ -324,12 +326,47 @@ class LargePages:
         order, or ``None`` if the memory is not there (see the module
         documentation). Changes nothing.
         """
+        if self._own_queues_cover(demand, keep):
+            return []
         try:
             return self._plan(demand, keep)
         finally:
             for klass, entry in self._borrowed:
                 heapq.heappush(self._heaps[klass], entry)
             self._borrowed.clear()
+
+    def _own_queues_cover(self, demand: Mapping[int, int], keep: Mapping[int, set[int]]) -> bool:
+        """Whether :meth:`_plan` would move no page: each class evicts from its own queue.
+
+        A quick answer for the common case (an allocation of a few blocks,
+        no hits, no free large page to carve): each class's next queued
+        blocks were freed no later than the oldest entry of every other
+        class's index of fully free pages. That entry is at most as old as
+        the page the plan would weigh them against (stale entries are
+        older), so the plan takes them too. ``False`` when in doubt.
+        """
+        heaps = self._heaps
+        for klass, wanted in demand.items():
+            pool = self.pools[klass]
+            short = wanted - pool.num_spares()
+            if short <= 0:
+                continue
+            if short > _QUICK_PLAN_BLOCKS or keep.get(klass) or pool.own_free() < wanted:
+                return False
+            room = self.headroom(klass)
+            if self.free and (room is None or room > 0):
+                return False
+            bound = min(
+                (heap[0][0] for owner, heap in enumerate(heaps) if owner != klass and heap),
+                default=None,
+            )
+            if bound is None:
+                continue
+            ages = pool.queue_ages(set())
+            for _ in range(short):
+                if next(ages) > bound:
+                    return False
+        return True
 
     def _plan(
         self, demand: Mapping[int, int], keep: Mapping[int, set[int]]

@@ -18,7 +18,9 @@ carved; they go first) and the blocks in its free queue.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from itertools import repeat
 from typing import Any, ClassVar
 
 from kvcore._block_pool import BlockPool, Transaction, match_in_maps
@@ -203,10 +205,8 @@ class ClassPool(BlockPool):
         released = super()._release(blocks)
         if released:
             self._pages.freed(self._klass, released)
-            clock = self._pages.clock
-            freed_at = self._freed_at
-            for block in released:
-                freed_at[block] = clock
+            # Stamped in C (a release frees a request's blocks at once).
+            deque(map(self._freed_at.__setitem__, released, repeat(self._pages.clock)), maxlen=0)
         return released
 
     def _touch(self, blocks: Sequence[int]) -> list[int]:

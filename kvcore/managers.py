@@ -218,6 +218,11 @@ class SingleTypeManager(Generic[SpecT]):
         null_block: The null block id (0).
         caches_blocks: Whether the group caches full blocks (prefix caching
             on and the type cacheable).
+        cache_grid_tokens: :meth:`cache_blocks` is only ever asked to cache
+            up to a multiple of this many tokens (set by the coordinator:
+            blocks past the last multiple of the hit alignment can never be
+            part of a hit; 1 when nothing is known). :meth:`steady_until`
+            counts on it.
         req_to_blocks: Block table per request id (null blocks where the
             type dropped a block).
         num_cached_block: Per *running* request, how many leading blocks of its
@@ -308,6 +313,10 @@ class SingleTypeManager(Generic[SpecT]):
         self.null_block = NULL_BLOCK
         #: Whether this group puts full blocks in the prefix cache.
         self.caches_blocks = enable_caching and self.is_prefix_cacheable(spec)
+        self.cache_grid_tokens = 1
+        # Per number of leading blocks: the least computed-token count at
+        # which get_num_skipped_tokens covers them (see _next_skip).
+        self._skip_thresholds: dict[int, int] = {}
 
     # -- what differs per attention type ----------------------------------------------
 
@@ -346,6 +355,10 @@ class SingleTypeManager(Generic[SpecT]):
         are not adopted. The default, 0, keeps every block until the request
         ends. A type that keeps its first tokens but drops later ones (sinks
         plus a window) returns 0 here and overrides :meth:`remove_skipped_blocks`.
+
+        The answer must depend on ``num_computed_tokens`` only (and never
+        decrease as it grows): :meth:`steady_until` remembers, per block,
+        the count at which it is first skipped.
 
         Args:
             num_computed_tokens: Tokens of the request whose KV is computed.
@@ -544,8 +557,9 @@ class SingleTypeManager(Generic[SpecT]):
         depend on the table and ``num_computed_tokens``).
 
         The base answer follows the base class's rules: the slots the table
-        holds; one token short of the next block filling up (when the group
-        caches); and, for a type that frees skipped blocks, the first
+        holds; one token short of the first multiple of
+        :attr:`cache_grid_tokens` at which another block is full (when the
+        group caches); and, for a type that frees skipped blocks, the first
         computed-token count at which :meth:`get_num_skipped_tokens` covers
         the oldest block still held (a step that needs that many tokens has
         computed at most one fewer). A subclass that allocates, caches or
@@ -563,25 +577,36 @@ class SingleTypeManager(Generic[SpecT]):
         block_size = self.block_size
         limit = len(table) * block_size
         if self.caches_blocks:
-            limit = min(limit, (self.num_cached_block.get(request_id, 0) + 1) * block_size - 1)
+            grid = self.cache_grid_tokens
+            next_full = (self.num_cached_block.get(request_id, 0) + 1) * block_size
+            limit = min(limit, -(-next_full // grid) * grid - 1)
         if self.frees_skipped_blocks:
             limit = min(limit, self._next_skip(table, num_computed_tokens))
         return limit
 
     def _next_skip(self, table: Sequence[int], num_computed_tokens: int) -> int:
-        """The least computed-token count at which the oldest held block is skipped.
+        """The least computed-token count (from ``num_computed_tokens``) freeing the oldest block."""
+        first_held = bisect_left(table, True, key=bool)
+        threshold = self._skip_thresholds.get(first_held)
+        if threshold is None:
+            threshold = self._skip_thresholds[first_held] = self._skip_threshold(
+                (first_held + 1) * self.block_size
+            )
+        return max(threshold, num_computed_tokens)
+
+    def _skip_threshold(self, target: int) -> int:
+        """The least computed-token count at which ``target`` leading tokens are skipped.
 
         :meth:`get_num_skipped_tokens` never decreases, so the count is found
-        by doubling, then bisection (a few dozen calls, made once per block).
+        by doubling, then bisection (a few dozen calls, made once per block
+        position and remembered).
         """
-        first_held = bisect_left(table, True, key=bool)
-        target = (first_held + 1) * self.block_size
         skipped = self.get_num_skipped_tokens
-        low = num_computed_tokens
-        if skipped(low) >= target:
-            return low
         if skipped(_FAR) < target:
             return _NEVER  # the type stops skipping before this block
+        low = 0
+        if skipped(low) >= target:
+            return low
         step = 1
         while skipped(low + step) < target:
             low += step
