@@ -585,7 +585,7 @@ class SingleTypeManager(Generic[SpecT]):
         return limit
 
     def _next_skip(self, table: Sequence[int], num_computed_tokens: int) -> int:
-        """The least computed-token count (from ``num_computed_tokens``) freeing the oldest block."""
+        """The least computed-token count, no less than the current, freeing the oldest block."""
         first_held = bisect_left(table, True, key=bool)
         threshold = self._skip_thresholds.get(first_held)
         if threshold is None:
