@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from kvcore._blocks import UndoLog
@@ -56,6 +56,8 @@ _LEAVING = -3
 _NOTHING_LOST = -1
 #: Most blocks of one class :meth:`LargePages._own_queues_cover` looks at.
 _QUICK_PLAN_BLOCKS = 8
+#: Above this many blocks, :func:`_per_page` counts them in C.
+_COUNT_IN_C = 8
 
 
 class ClassMemory(Protocol):
@@ -102,19 +104,20 @@ class LargePages:
 
     Args:
         page_pool: The layout (large pages, classes).
-        journal: Returns the running transaction's undo log, or ``None``.
 
-    The class pools are attached with :meth:`attach` once built.
+    The class pools are attached with :meth:`attach` once built. The owner
+    sets :attr:`journal` to the running transaction's undo log (``None``
+    outside one).
     """
 
     __slots__ = (
         "_borrowed",
         "_clock",
         "_heaps",
-        "_journal",
         "free",
         "fully_free",
         "in_use",
+        "journal",
         "limits",
         "moves",
         "owned",
@@ -123,10 +126,11 @@ class LargePages:
         "pools",
     )
 
-    def __init__(self, page_pool: PagePool, journal: Callable[[], UndoLog | None]) -> None:
+    def __init__(self, page_pool: PagePool) -> None:
         count = page_pool.num_large_pages
         classes = page_pool.num_classes
-        self._journal = journal
+        #: The running transaction's undo log, or ``None``.
+        self.journal: UndoLog | None = None
         #: Small pages a large page holds, per class.
         self.per_page = tuple(page_pool.pages_per_large_page(c) for c in range(classes))
         self.owner = [FREE] * count
@@ -193,7 +197,7 @@ class LargePages:
         return self._clock
 
     def _record(self, undo: Callable[..., object], *arguments: object) -> None:
-        journal = self._journal()
+        journal = self.journal
         if journal is not None:
             journal.append((undo, arguments))
 
@@ -209,8 +213,7 @@ class LargePages:
         per = self.per_page[klass]
         in_use = self.in_use
         fully_free = self.fully_free[klass]
-        # Counted per page (in C): a request's blocks come a page at a time.
-        for page, count in Counter(map(per.__rfloordiv__, blocks)).items():
+        for page, count in _per_page(list(map(per.__rfloordiv__, blocks))):
             if not in_use[page]:
                 since = fully_free.pop(page, None)
                 if since is not None:
@@ -231,7 +234,7 @@ class LargePages:
         in_use = self.in_use
         self._record(self._unfree, per, blocks)
         pages = list(map(per.__rfloordiv__, blocks))
-        for page, count in Counter(pages).items():
+        for page, count in _per_page(pages):
             in_use[page] -= count
         # Settled in the order the pages were left empty: that of their last block.
         emptied = [page for page in dict.fromkeys(reversed(pages)) if not in_use[page]]
@@ -570,3 +573,17 @@ class _Budget:
     def spare(self, klass: int, own_free: int) -> int:
         """Free blocks ``klass`` holds beyond its own part of the allocation."""
         return own_free + self.gained[klass] - self.lost[klass] - self.demand.get(klass, 0)
+
+
+def _per_page(pages: list[int]) -> Iterable[tuple[int, int]]:
+    """``(large page, how often it is listed)`` for ``pages``, in order of first listing.
+
+    Many entries (a request's blocks, a page at a time) are counted in C; a
+    few, in a loop (cheaper for them).
+    """
+    if len(pages) > _COUNT_IN_C:
+        return Counter(pages).items()
+    counts: dict[int, int] = {}
+    for page in pages:
+        counts[page] = counts.get(page, 0) + 1
+    return counts.items()

@@ -328,7 +328,7 @@ class TwoLevelBlockPool:
         self._undo_steps: UndoLog = []
         self._journal: UndoLog | None = None
         self._events: list[KVCacheEvent] = []
-        self.pages = LargePages(page_pool, lambda: self._journal)
+        self.pages = LargePages(page_pool)
         self.pools: tuple[ClassPool, ...] = tuple(
             ClassPool(
                 self,
@@ -381,7 +381,7 @@ class TwoLevelBlockPool:
             self._journal.append((undo, arguments))
 
     def _set_journal(self, journal: UndoLog | None) -> None:
-        self._journal = journal
+        self._journal = self.pages.journal = journal
         for pool in self.pools:
             pool._journal = pool._queue.journal = journal
             pool._room = 0
