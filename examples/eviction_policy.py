@@ -106,6 +106,11 @@ class Logged:
         print(f"  revive({block})")
         self.inner.revive(block)
 
+    def withdraw(self, block: int) -> None:
+        """Print, then pass on."""
+        print(f"  withdraw({block})")
+        self.inner.withdraw(block)
+
     def cached(
         self,
         group: int,

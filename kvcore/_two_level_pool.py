@@ -155,7 +155,7 @@ class ClassPool(BlockPool):
         queued = [block for block in blocks if block not in spared]
         if not queued:
             return
-        self._queue.revive(queued)
+        self._queue.withdraw(queued)
         self._num_free -= len(queued)
         self.record(self._add_free, len(queued))
         cached = [block for block in queued if self._hash[block] is not None]

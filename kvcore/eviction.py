@@ -14,6 +14,9 @@ blocks. The policy keeps the free set and chooses victims. The pool tells it:
 * :meth:`~EvictionPolicy.release`: blocks became free (their reference count
   reached 0), in the order the manager gave (first = least wanted);
 * :meth:`~EvictionPolicy.revive`: a free block was hit and is in use again;
+* :meth:`~EvictionPolicy.withdraw`: a free block leaves the pool's blocks for
+  good, without a hit (only in a page class of a two-level pool, whose
+  memory moves to another class a large page at a time);
 * :meth:`~EvictionPolicy.hit`: a request adopted cached blocks (free or not);
 * :meth:`~EvictionPolicy.forget`: blocks lost their hash without being taken
   (:meth:`~kvcore.managers.BlockPool.evict_blocks`, a prefix-cache reset);
@@ -26,8 +29,8 @@ The pool passes no time: the order of the calls is the policy's clock.
 
 Rollback: the engine-facing manager undoes an operation that fails half-way.
 The pool undoes what it asked of a policy by compensating calls (a
-``release`` for a ``take`` or a ``revive``, a ``revive`` for a ``release``, a
-``forget`` for a ``cached``), which restores the free set exactly but maybe
+``release`` for a ``take``, a ``revive`` or a ``withdraw``, a ``revive`` for a
+``release``, a ``forget`` for a ``cached``), which restores the free set exactly but maybe
 not the policy's order. A policy whose class sets ``exact_undo = True``
 instead gets the pool's undo log in its ``undo_log`` attribute (``None``
 outside a transaction) and appends ``(callable, arguments)`` entries that
@@ -56,6 +59,7 @@ __all__ = [
     "GroupInfo",
     "PoolInfo",
     "PoolView",
+    "CLASS_POLICY_METHODS",
     "POLICY_METHODS",
 ]
 
@@ -147,10 +151,12 @@ class PoolInfo:
         alignment_tokens: Hit lengths are multiples of this many tokens.
         view: Read access to the pool's per-block state.
         free_at_start: ``False`` for the blocks of one page class of a
-            two-level pool: no block is free at the start, and blocks become
-            free only through ``release`` (as the pool carves memory for the
-            class) and leave through ``revive`` (as it gives memory back). A
-            policy must then start with an empty free set.
+            two-level pool: no block is free at the start (the pool hands out
+            a freshly carved large page's blocks itself), blocks become free
+            only through ``release``, and free blocks leave the free set
+            through ``take``, ``revive`` (a hit) or ``withdraw`` (their large
+            page goes to another class). A policy must then start with an
+            empty free set, and have ``withdraw``.
     """
 
     num_blocks: int
@@ -166,9 +172,11 @@ class EvictionPolicy(Protocol):
 
     The pool guarantees: ``take(n)`` is called only with ``n`` <= the number
     of free blocks; ``release`` gets blocks that are not free; ``revive``
-    gets a free block that carries a hash; the null block (0) is never
-    passed except inside ``hit``'s and ``cached``'s block lists, where it
-    marks a position the group does not keep (skip it).
+    gets a free block that carries a hash; ``withdraw`` gets a free block,
+    with or without a hash, and only from a pool built with
+    ``PoolInfo.free_at_start=False``; the null block (0) is never passed
+    except inside ``hit``'s and ``cached``'s block lists, where it marks a
+    position the group does not keep (skip it).
     """
 
     def take(self, n: int) -> list[int]:
@@ -194,6 +202,19 @@ class EvictionPolicy(Protocol):
 
         The block may be one never handed out (an engine may touch a block
         nobody allocated): it must not be handed out until it is released.
+        """
+        ...
+
+    def withdraw(self, block: int) -> None:
+        """Free ``block`` leaves the free set for good, without a hit.
+
+        Only for a page class of a two-level pool
+        (``PoolInfo.free_at_start=False``): the large page holding the block
+        goes to another class (or back to the common pool), and the block is
+        not handed out again unless it is released. It may carry a hash; the
+        pool drops it right after (no ``forget`` follows). Required only of
+        a policy built with ``free_at_start=False`` (checked when the pool is
+        built); a policy never used for a two-level pool may leave it out.
         """
         ...
 
@@ -235,3 +256,6 @@ EvictionPolicyFactory = Callable[[PoolInfo], EvictionPolicy]
 
 #: The methods a policy object must have (checked when a pool is built).
 POLICY_METHODS = ("take", "release", "revive", "cached", "hit", "forget", "__iter__")
+#: The methods a policy of a page class of a two-level pool must have besides
+#: (``PoolInfo.free_at_start=False``; checked when the pool is built).
+CLASS_POLICY_METHODS = ("withdraw",)

@@ -42,6 +42,12 @@ class ReferenceLRU:
         self.free.extend(blocks)
 
     def revive(self, block: int) -> None:
+        self._remove(block)
+
+    def withdraw(self, block: int) -> None:
+        self._remove(block)
+
+    def _remove(self, block: int) -> None:
         position = self.free.index(block)
         del self.free[position]
         self._record(self._insert, position, block)
@@ -76,6 +82,44 @@ class ReferenceLRU:
         self.free.insert(position, block)
 
 
+class ContractCheckedLRU(ReferenceLRU):
+    """:class:`ReferenceLRU` asserting what the protocol guarantees a policy, per call.
+
+    Built by a factory (``ContractCheckedLRU``, given ``PoolInfo``). Keeps
+    the calls that take free blocks out without a ``take`` in ``left``:
+    ``("revive" | "withdraw", block, whether it carried a hash)``.
+    """
+
+    def __init__(self, info: Any) -> None:
+        super().__init__(info.num_blocks, free_at_start=info.free_at_start)
+        self.view = info.view
+        self.free_at_start = info.free_at_start
+        self.left: list[tuple[str, int, bool]] = []
+
+    def take(self, n: int) -> list[int]:
+        assert 0 < n <= len(self.free), f"take({n}) with {len(self.free)} free"
+        return super().take(n)
+
+    def release(self, blocks: Sequence[int]) -> None:
+        assert 0 not in blocks, f"release of the null block: {blocks}"
+        assert not set(blocks) & set(self.free), f"release of free blocks: {blocks}"
+        super().release(blocks)
+
+    def revive(self, block: int) -> None:
+        hashed = self.view.block_hash(block) is not None
+        assert block in self.free, f"revive of block {block}, which is not free"
+        assert hashed, f"revive of block {block}, which carries no hash"
+        self.left.append(("revive", block, hashed))
+        super().revive(block)
+
+    def withdraw(self, block: int) -> None:
+        assert not self.free_at_start, "withdraw from a pool whose blocks start free"
+        assert block, "withdraw of the null block"
+        assert block in self.free, f"withdraw of block {block}, which is not free"
+        self.left.append(("withdraw", block, self.view.block_hash(block) is not None))
+        super().withdraw(block)
+
+
 class ThroughTheProtocol:
     """A built-in free queue (``lru``, ``admit``, ...) behind the public protocol."""
 
@@ -98,6 +142,9 @@ class ThroughTheProtocol:
 
     def revive(self, block: int) -> None:
         self.queue.revive([block])
+
+    def withdraw(self, block: int) -> None:
+        self.queue.withdraw([block])
 
     def cached(self, *arguments: Any) -> None:
         self.queue.cached(*arguments)

@@ -11,13 +11,15 @@ handed out lowest first; a page that comes back is handed out next.
 from __future__ import annotations
 
 import pytest
+from protocol_adapters import ContractCheckedLRU, ReferenceLRU
 
 import kvcore
 from kvcore import PagePool, Request
+from kvcore._block_pool import BlockPool
 from kvcore._events import BlockRemoved, BlockStored
 from kvcore._large_pages import FREE, RESERVED
 from kvcore._two_level_pool import TwoLevelBlockPool
-from kvcore.errors import InvalidConfigError, OutOfBlocksError
+from kvcore.errors import HookImplementationError, InvalidConfigError, OutOfBlocksError
 
 
 def layout(num_large_pages: int = 4) -> PagePool:
@@ -140,6 +142,51 @@ def test_a_class_short_of_memory_takes_another_class_s_fully_free_page():
     assert any(isinstance(e, BlockStored) for e in events)
     assert first.num_evicted == 2
     pool.check_invariants()
+
+
+def test_a_page_leaving_its_class_withdraws_its_free_blocks_from_the_policy():
+    """Free blocks of a page given away are withdrawn, cached or not; revive is only for hits."""
+    policies: list[ContractCheckedLRU] = []
+
+    def checked(info: kvcore.eviction.PoolInfo) -> ContractCheckedLRU:
+        policies.append(ContractCheckedLRU(info))
+        return policies[-1]
+
+    pool = pool_of(eviction=checked)
+    first, second = pool.pool_of(0), pool.pool_of(1)
+    request = hashed("a", [1, 2, 3, 4, 5])
+    blocks = first.get_new_blocks(2)  # large page 1: small pages 2, 3
+    first.cache_full_blocks(request, blocks, 0, 1, 2, 0)  # block 2 cached, block 3 not
+    first.free_blocks(blocks[::-1])
+    assert list(policies[0]) == [3, 2]
+    second.get_new_blocks(8)  # large pages 2 and 3
+    # Class 1 takes class 0's fully free page 1: both its free blocks leave
+    # class 0's policy, the uncached one too, and neither as a hit.
+    assert second.get_new_blocks(1) == [4]
+    assert policies[0].left == [("withdraw", 2, True), ("withdraw", 3, False)]
+    assert list(policies[0]) == []
+    assert first.num_cached_blocks() == 0
+    # A hit still revives: class 1's cached block, freed, then adopted.
+    again = hashed("b", [7, 8, 9])
+    (block,) = second.get_new_blocks(1)
+    second.cache_full_blocks(again, [block], 0, 1, 2, 1)
+    second.free_blocks([block])
+    second.touch([block])
+    assert policies[1].left == [("revive", block, True)]
+    pool.check_invariants()
+
+
+class _WithoutWithdraw(ReferenceLRU):
+    withdraw = None  # type: ignore[assignment]
+
+
+def test_a_policy_without_withdraw_is_refused_for_a_two_level_pool_only():
+    def factory(info: kvcore.eviction.PoolInfo) -> _WithoutWithdraw:
+        return _WithoutWithdraw(info.num_blocks, free_at_start=info.free_at_start)
+
+    BlockPool(4, eviction=factory).get_new_blocks(2)  # a shared pool never withdraws
+    with pytest.raises(HookImplementationError, match="two-level pool without withdraw"):
+        pool_of(eviction=factory)
 
 
 def test_the_stalest_cache_goes_first_whatever_its_class():

@@ -17,6 +17,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from protocol_adapters import ContractCheckedLRU
 
 import kvcore
 from kvcore import PagePool, Request
@@ -65,10 +66,17 @@ def state(pool: TwoLevelBlockPool, exact_order: bool = True) -> tuple[object, ..
     )
 
 
+#: A third party's policy (through the driver) asserting the protocol's guarantees.
+CHECKED = "checked"
+
+
 class Run:
     def __init__(self, policy: str, limits: tuple[int | None, ...] | None = None) -> None:
         self.pool = TwoLevelBlockPool(
-            LAYOUT, hash_block_size=1, enable_kv_cache_events=True, eviction=policy
+            LAYOUT,
+            hash_block_size=1,
+            enable_kv_cache_events=True,
+            eviction=ContractCheckedLRU if policy == CHECKED else policy,
         )
         if limits is not None:
             self.pool.limit_classes(limits)
@@ -165,7 +173,7 @@ def failing(run: Run, op: tuple[str, int, int]) -> None:
 @settings(max_examples=150, deadline=None)
 @given(
     ops=st.lists(st.tuples(OPS, st.booleans()), min_size=1, max_size=60),
-    policy=st.sampled_from(["lru", "admit", "frequency", "cost"]),
+    policy=st.sampled_from(["lru", "admit", "frequency", "cost", CHECKED]),
     limits=st.none() | st.tuples(*[st.none() | st.integers(0, 5)] * 3),
 )
 def test_random_operations_keep_every_invariant_and_roll_back_exactly(
@@ -174,9 +182,10 @@ def test_random_operations_keep_every_invariant_and_roll_back_exactly(
     run = Run(policy, limits)
     for op, fail in ops:
         if fail and op[0] != "reset":  # a reset runs outside transactions
-            before = state(run.pool, policy == "lru")
+            exact = policy in ("lru", CHECKED)
+            before = state(run.pool, exact)
             failing(run, op)
-            assert state(run.pool, policy == "lru") == before, op
+            assert state(run.pool, exact) == before, op
         else:
             run.do(op)
         run.pool.check_invariants()

@@ -16,7 +16,7 @@ may differ.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 from kvcore._blocks import UndoLog
 from kvcore.eviction import EvictionPolicy
@@ -70,11 +70,21 @@ class PolicyDriver:
         released again before the error goes on, so the free
         set is as it was.
         """
-        revive = self.policy.revive
+        self._each(self.policy.revive, blocks)
+
+    def withdraw(self, blocks: Sequence[int]) -> None:
+        """The policy learns, block by block, that ``blocks`` left for good (no hit).
+
+        Undone, and undone on a raise part-way, as :meth:`revive` is.
+        """
+        self._each(self.policy.withdraw, blocks)
+
+    def _each(self, call: Callable[[int], None], blocks: Sequence[int]) -> None:
+        """``call`` each of the free ``blocks``, which leave the free set (see :meth:`revive`)."""
         done = 0
         try:
             for block in blocks:
-                revive(block)
+                call(block)
                 done += 1
         except BaseException:
             if done and not self._exact:

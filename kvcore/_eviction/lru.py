@@ -168,6 +168,10 @@ class LRUFreeQueue:
         if self._swept is not None or self._num_stale > self._compact_above:
             self._compact(len(blocks))
 
+    def withdraw(self, blocks: Sequence[int]) -> None:
+        """Free ``blocks`` leave for good: taken out of the queue as a hit takes them."""
+        self.revive(blocks)
+
     def cached(
         self,
         group: int,

@@ -248,6 +248,10 @@ class ValuePolicy:
         if self.journal is not None:
             self.journal.append((self.release, (blocks,)))
 
+    def withdraw(self, blocks: Sequence[int]) -> None:
+        """Free ``blocks`` leave for good (their large page leaves the class): out of the queues."""
+        self.revive(blocks)
+
     def _unrelease(self, blocks: Sequence[int]) -> None:
         """Undo of :meth:`release`: the blocks are taken out of the queues again."""
         self._queues.remove_all(blocks[::-1])

@@ -12,7 +12,12 @@ The pool's guarantees to a queue:
 - ``take(n)`` only with ``0 < n <=`` the number of free blocks;
 - ``release`` only with blocks that are not free, each once, never the null
   block;
-- ``revive`` only with free blocks, each once, never the null block;
+- ``revive`` only with free blocks, each once, never the null block (a
+  hit; the blocks may carry no hash where an engine touched blocks nobody
+  allocated);
+- ``withdraw`` only with free blocks, each once, never the null block, and
+  only in a page class of a two-level pool: their large page leaves the
+  class (they may carry a hash, which the pool drops right after);
 - the notices (``cached``, ``hit``, ``forget``) after the pool's own change.
 
 Undo: while the pool runs a transaction, ``journal`` is its undo log (else
@@ -59,6 +64,10 @@ class FreeQueue(Protocol):
 
     def revive(self, blocks: Sequence[int]) -> None:
         """A cache hit took these free blocks back, in order; they are no longer free."""
+        ...
+
+    def withdraw(self, blocks: Sequence[int]) -> None:
+        """Free ``blocks`` leave for good without a hit (their large page leaves the class)."""
         ...
 
     def cached(

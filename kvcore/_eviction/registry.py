@@ -23,7 +23,13 @@ from kvcore._eviction.lru import lru_policy
 from kvcore._eviction.policies import admit_policy, cost_policy, frequency_policy
 from kvcore._eviction.queue import FreeQueue
 from kvcore.errors import HookImplementationError, UnknownEvictionPolicyError
-from kvcore.eviction import POLICY_METHODS, EvictionPolicy, EvictionPolicyFactory, PoolInfo
+from kvcore.eviction import (
+    CLASS_POLICY_METHODS,
+    POLICY_METHODS,
+    EvictionPolicy,
+    EvictionPolicyFactory,
+    PoolInfo,
+)
 
 __all__ = [
     "BUILTIN_POLICIES",
@@ -207,12 +213,15 @@ def build_policy(factory: EvictionPolicyFactory, info: PoolInfo) -> EvictionPoli
     """
     policy = factory(info)
     name = getattr(factory, "__qualname__", None) or repr(factory)
-    missing = [method for method in POLICY_METHODS if not callable(getattr(policy, method, None))]
+    required = POLICY_METHODS if info.free_at_start else POLICY_METHODS + CLASS_POLICY_METHODS
+    missing = [method for method in required if not callable(getattr(policy, method, None))]
     if missing:
+        where = "" if info.free_at_start else " for a page class of a two-level pool"
         msg = (
-            f"eviction policy factory {name} built a {type(policy).__name__} without "
+            f"eviction policy factory {name} built a {type(policy).__name__}{where} without "
             f"{', '.join(missing)}; an EvictionPolicy needs {', '.join(POLICY_METHODS)} "
-            "(see kvcore.eviction)"
+            f"(and {', '.join(CLASS_POLICY_METHODS)} when PoolInfo.free_at_start is false; "
+            "see kvcore.eviction)"
         )
         raise HookImplementationError(msg)
     _check_starts_empty(name, policy, info)

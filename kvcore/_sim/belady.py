@@ -237,11 +237,15 @@ class BeladyPolicy:
             self._compact()
 
     def revive(self, block: int) -> None:
-        """A hit took the block back, or its large page left the class (its entry goes stale)."""
+        """A hit took the block back (its entry goes stale)."""
         if self._key[block] != -1:
             self.num_in_heap -= 1
         self._free[block] = 0
         self._key[block] = -1
+
+    def withdraw(self, block: int) -> None:
+        """The block's large page left the class: it leaves the free set as a hit takes it."""
+        self.revive(block)
 
     def cached(
         self,
