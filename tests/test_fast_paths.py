@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 from protocol_adapters import rolled_back
 from tiny_specs import full, mamba, sw
+from two_level import two_level_config
 
 import kvcore
+import kvcore._coordinator
 from kvcore import KVCacheManager, Request
 from kvcore.errors import HookImplementationError
 from kvcore.managers import SingleTypeManager
@@ -61,11 +63,19 @@ CONFIGS = {
     "full+mamba": [full(), mamba(num_speculative_blocks=1)],
     # Alone, the state group's room for speculative states sets the limit.
     "mamba": [mamba(num_speculative_blocks=2)],
+    # Two-level pools, the groups at block sizes of their own: the groups
+    # have work at different steps, and a step calls only those that do.
+    "two-level full+mamba": [full(), mamba(block_size=16)],
+    "two-level full+sliding_window+mamba": [full(), sw(9, block_size=8), mamba(block_size=16)],
 }
 
 
 def make(specs: list[Any], fast: bool, **kwargs: Any) -> KVCacheManager:
-    config = kvcore.KVCacheConfig.from_specs(60, specs)
+    sizes = {spec.block_size for spec in specs}
+    if len(sizes) > 1:
+        config = two_level_config(specs, 30)
+    else:
+        config = kvcore.KVCacheConfig.from_specs(60, specs)
     return KVCacheManager(config, 256, registry=REGISTRY if fast else SLOW_REGISTRY, **kwargs)
 
 
@@ -183,6 +193,40 @@ def test_fast_decode_is_taken() -> None:
     assert drive(CONFIGS["full"], 0, 300) > 50
     assert drive(CONFIGS["full+sliding_window"], 0, 300) > 40
     assert drive(CONFIGS["full+mamba"], 0, 300) > 30
+
+
+def test_a_decode_step_with_work_calls_only_the_groups_that_have_some(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """4-token attention blocks beside 16-token states: each group is called at its own steps."""
+    seen: list[tuple[int, tuple[int, ...]]] = []
+    real = kvcore._coordinator.KVCacheCoordinator.decode_step
+
+    def noting(self: Any, request: Request, due: Any, *args: Any) -> Any:
+        seen.append((request.num_computed_tokens, tuple(due)))
+        return real(self, request, due, *args)
+
+    monkeypatch.setattr(kvcore._coordinator.KVCacheCoordinator, "decode_step", noting)
+    manager = make(CONFIGS["two-level full+mamba"], True)
+    request = Request("a", list(range(5)))
+    manager.allocate_slots(request, 5)
+    request.num_computed_tokens = 5
+    for _ in range(43):
+        request.append_output_token_ids(1)
+        manager.allocate_slots(request, 1)
+        request.num_computed_tokens += 1
+    # Attention: a new block when a step needs token 4k + 1, and its blocks
+    # cached when a step reaches a multiple of 16 (the hit alignment). The
+    # states: cached at 16m, a new block for token 16m + 1, and the replaced
+    # one freed a step later.
+    attention = set(range(8, 64, 4)) | {n - 1 for n in range(16, 64, 16)}
+    states = {n + d for n in range(16, 64, 16) for d in (-1, 0, 1)}
+    expected = [
+        (n, tuple(g for g, steps in enumerate((attention, states)) if n in steps))
+        for n in range(5, 48)
+        if n in attention | states
+    ]
+    assert seen == expected
 
 
 def test_mamba_keeps_room_for_speculative_states_in_its_steady_limit() -> None:
