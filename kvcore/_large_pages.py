@@ -56,6 +56,9 @@ _LEAVING = -3
 _NOTHING_LOST = -1
 #: Most blocks of one class :meth:`LargePages._own_queues_cover` looks at.
 _QUICK_PLAN_BLOCKS = 8
+#: Stale entries a class's index of fully free pages may hold beyond twice
+#: its live ones before it is rebuilt.
+_STALE_ALLOWED = 64
 #: Above this many blocks, :func:`_per_page` counts them in C.
 _COUNT_IN_C = 8
 
@@ -260,10 +263,35 @@ class LargePages:
             fully_free = self.fully_free[klass]
             if page not in fully_free:
                 fully_free[page] = self._clock
-                heapq.heappush(self._heaps[klass], (self._clock, page))
+                heap = self._heaps[klass]
+                heapq.heappush(heap, (self._clock, page))
                 self._record(fully_free.pop, page)
+                if len(heap) > 2 * len(fully_free) + _STALE_ALLOWED:
+                    self._rebuild_heap(klass)
         else:
             self._give_back(page)
+
+    def _rebuild_heap(self, klass: int) -> None:
+        """Index ``klass``'s fully free pages afresh, without the stale entries.
+
+        Entries are unique ``(clock, page)`` pairs, so the pages come out of
+        the new heap in the same order as out of the old one.
+        """
+        self._record(self._heaps.__setitem__, klass, self._heaps[klass])
+        heap = [(since, page) for page, since in self.fully_free[klass].items()]
+        heapq.heapify(heap)
+        self._heaps[klass] = heap
+
+    def _oldest(self, owner: int) -> int | None:
+        """Clock of ``owner``'s longest fully free page (``None``: none); stale entries go."""
+        heap = self._heaps[owner]
+        fully_free = self.fully_free[owner]
+        while heap:
+            since, page = heap[0]
+            if fully_free.get(page) == since:
+                return since
+            self._record(heapq.heappush, heap, heapq.heappop(heap))
+        return None
 
     # -- moving large pages -----------------------------------------------------------
 
@@ -343,10 +371,9 @@ class LargePages:
 
         A quick answer for the common case (an allocation of a few blocks,
         no hits, no free large page to carve): each class's next queued
-        blocks were freed no later than the oldest entry of every other
-        class's index of fully free pages. That entry is at most as old as
-        the page the plan would weigh them against (stale entries are
-        older), so the plan takes them too. ``False`` when in doubt.
+        blocks were freed no later than every other class's longest fully
+        free page, the oldest page the plan could weigh them against, so the
+        plan takes them too. ``False`` when in doubt.
         """
         heaps = self._heaps
         for klass, wanted in demand.items():
@@ -360,7 +387,11 @@ class LargePages:
             if self.free and (room is None or room > 0):
                 return False
             bound = min(
-                (heap[0][0] for owner, heap in enumerate(heaps) if owner != klass and heap),
+                (
+                    since
+                    for owner in range(len(heaps))
+                    if owner != klass and (since := self._oldest(owner)) is not None
+                ),
                 default=None,
             )
             if bound is None:

@@ -189,6 +189,24 @@ def test_a_policy_without_withdraw_is_refused_for_a_two_level_pool_only():
         pool_of(eviction=factory)
 
 
+def test_the_index_of_fully_free_pages_sheds_its_stale_entries():
+    """A page made fully free, then used, again and again leaves the index bounded."""
+    pool = pool_of()
+    first, second = pool.pool_of(0), pool.pool_of(1)
+    request = hashed("a", [1, 2, 3, 4, 5])
+    blocks = first.get_new_blocks(2)  # large page 1
+    first.cache_full_blocks(request, blocks, 0, 2, 2, 0)
+    for _ in range(200):
+        first.free_blocks(blocks[::-1])  # page 1 fully free: one index entry more
+        first.touch(blocks)  # in use again: that entry is stale
+    first.free_blocks(blocks[::-1])
+    # One live entry; stale ones at most twice that plus the allowance.
+    assert len(pool.pages._heaps[0]) <= 2 + 64 + 1
+    second.get_new_blocks(8)  # large pages 2 and 3
+    assert second.get_new_blocks(1) == [4]  # the fully free page 1 is still found
+    pool.check_invariants()
+
+
 def test_the_stalest_cache_goes_first_whatever_its_class():
     pool = pool_of(5)
     first, second = pool.pool_of(0), pool.pool_of(1)
