@@ -614,6 +614,8 @@ def _per_page(pages: list[int]) -> Iterable[tuple[int, int]]:
     """
     if len(pages) > _COUNT_IN_C:
         return Counter(pages).items()
+    if len(pages) == 1:
+        return ((pages[0], 1),)
     counts: dict[int, int] = {}
     for page in pages:
         counts[page] = counts.get(page, 0) + 1

@@ -423,7 +423,7 @@ class TwoLevelBlockPool:
             if count:
                 by_class[classes[group]] = by_class.get(classes[group], 0) + count
         pools = self.pools
-        if not all(count <= pools[klass].num_spares() for klass, count in by_class.items()):
+        if any(count > len(pools[klass]._spares) for klass, count in by_class.items()):
             kept: dict[int, set[int]] = {}
             for group, blocks in enumerate(keep):
                 if blocks:
