@@ -558,7 +558,7 @@ class SingleTypeManager(Generic[SpecT]):
 
         The base answer follows the base class's rules: the slots the table
         holds; one token short of the first multiple of
-        :attr:`cache_grid_tokens` at which another block is full (when the
+        ``cache_grid_tokens`` at which another block is full (when the
         group caches); and, for a type that frees skipped blocks, the first
         computed-token count at which :meth:`get_num_skipped_tokens` covers
         the oldest block still held (a step that needs that many tokens has
