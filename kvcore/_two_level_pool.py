@@ -18,15 +18,14 @@ carved; they go first) and the blocks in its free queue.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from itertools import repeat
 from typing import Any, ClassVar
 
 from kvcore._block_pool import BlockPool, Transaction, match_in_maps
 from kvcore._blocks import UndoLog
 from kvcore._config import PagePool
 from kvcore._events import AllBlocksCleared, KVCacheEvent
+from kvcore._free_ages import FreeAges
 from kvcore._large_pages import LargePages
 from kvcore.errors import InvalidBlockError
 from kvcore.eviction import EvictionPolicyFactory, GroupInfo
@@ -42,7 +41,7 @@ class ClassPool(BlockPool):
     each other inside one operation).
     """
 
-    __slots__ = ("_freed_at", "_klass", "_pages", "_room", "_spares", "_top")
+    __slots__ = ("_ages", "_klass", "_pages", "_room", "_spares", "_top")
 
     _FREE_AT_START = False
 
@@ -55,7 +54,7 @@ class ClassPool(BlockPool):
         # the one taken next last.
         self._spares: list[int] = []
         # The large pages' clock when each block was last freed (its age).
-        self._freed_at = [0] * num_blocks
+        self._ages = FreeAges(num_blocks, self._ref, self._hash, self.record)
         # Blocks the running transaction already made room for (make_room).
         self._room = 0
 
@@ -116,12 +115,27 @@ class ClassPool(BlockPool):
     # -- what LargePages asks (ClassMemory) ---------------------------------------------
 
     def queue_ages(self, skip: set[int]) -> Iterator[int]:
-        """Ages of the queued free blocks in the order they are taken, ``skip`` left out."""
+        """What taking each queued free block would lose, in the order they are taken.
+
+        ``skip`` left out. ``-1`` for a block caching nothing; else the age
+        of the stalest cached free block from it on (it, or one the policy
+        hands out later): with a policy that orders by age (``lru``), the
+        block's own age.
+        """
         hash_of = self._hash
-        freed_at = self._freed_at
+        freed_at = self._ages.freed_at
+        counted = set(skip)
+        stalest = self._ages.stalest(counted)
         for block in self._queue:
-            if block not in skip:
-                yield freed_at[block] if hash_of[block] is not None else -1
+            if block in skip:
+                continue
+            if hash_of[block] is None:
+                yield -1
+            else:
+                oldest = next(stalest)
+                age = freed_at[block]
+                yield age if oldest is None or oldest > age else oldest
+            counted.add(block)
 
     def free_among(self, blocks: set[int]) -> int:
         """How many of ``blocks`` are free (waiting in the queue)."""
@@ -205,8 +219,7 @@ class ClassPool(BlockPool):
         released = super()._release(blocks)
         if released:
             self._pages.freed(self._klass, released)
-            # Stamped in C (a release frees a request's blocks at once).
-            deque(map(self._freed_at.__setitem__, released, repeat(self._pages.clock)), maxlen=0)
+            self._ages.stamp(released, self._pages.clock)
         return released
 
     def _touch(self, blocks: Sequence[int]) -> list[int]:

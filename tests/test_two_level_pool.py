@@ -10,6 +10,8 @@ handed out lowest first; a page that comes back is handed out next.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from protocol_adapters import ContractCheckedLRU, ReferenceLRU
 
@@ -204,6 +206,55 @@ def test_the_index_of_fully_free_pages_sheds_its_stale_entries():
     assert len(pool.pages._heaps[0]) <= 2 + 64 + 1
     second.get_new_blocks(8)  # large pages 2 and 3
     assert second.get_new_blocks(1) == [4]  # the fully free page 1 is still found
+    pool.check_invariants()
+
+
+class _NewestFirst(ReferenceLRU):
+    """Hands out the most recently freed block first (a policy whose order is not by age)."""
+
+    def take(self, n: int) -> list[int]:
+        taken = self.free[len(self.free) - n :][::-1]
+        del self.free[len(self.free) - n :]
+        self._record(self._put_back_end, taken)
+        return taken
+
+    def _put_back_end(self, blocks: list[int]) -> None:
+        self.free.extend(reversed(blocks))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.free[::-1])
+
+
+def _stale_and_young(eviction: object) -> tuple[TwoLevelBlockPool, list[int]]:
+    """Class 1 holds a stale and a young cached free block, class 0 a fully free page between."""
+    pool = pool_of(eviction=eviction)
+    first, second = pool.pool_of(0), pool.pool_of(1)
+    held = second.get_new_blocks(4)  # large page 1: small pages 4 to 7
+    second.cache_full_blocks(hashed("x", [1, 2, 3]), [4], 0, 1, 2, 1)
+    second.free_blocks([4])  # stale: release 1
+    blocks = first.get_new_blocks(2)  # large page 2: small pages 4, 5 of class 0
+    first.cache_full_blocks(hashed("y", [4, 5, 6, 7, 8]), blocks, 0, 2, 2, 0)
+    first.free_blocks(blocks[::-1])  # class 0's page fully free: release 2
+    second.cache_full_blocks(hashed("z", [9, 10, 11]), [5], 0, 1, 2, 1)
+    second.free_blocks([5])  # young: release 3
+    second.get_new_blocks(4)  # large page 3: no free large page is left
+    assert pool.pages.free == []
+    return pool, held
+
+
+def test_a_class_holding_staler_cache_evicts_its_own_whatever_its_policy_hands_out():
+    """Its policy's next victim is young, but the class holds older cache than the other's page."""
+    pool, _ = _stale_and_young(lambda info: _NewestFirst(info.num_blocks, free_at_start=False))
+    # The policy's choice stands: the young block 5 goes, class 0's page stays.
+    assert pool.pool_of(1).get_new_blocks(1) == [5]
+    assert pool.pages.owner[2] == 0
+    assert pool.pool_of(0).num_cached_blocks() == 2
+    assert pool.pool_of(1).block_hash(4) is not None
+    pool.check_invariants()
+    # With lru the stale block is the policy's next victim anyway.
+    pool, _ = _stale_and_young("lru")
+    assert pool.pool_of(1).get_new_blocks(1) == [4]
+    assert pool.pages.owner[2] == 0
     pool.check_invariants()
 
 

@@ -55,6 +55,8 @@ def state(pool: TwoLevelBlockPool, exact_order: bool = True) -> tuple[object, ..
 
     return (
         [(list(p._ref), free(p), list(p._hash), p.num_evicted) for p in pool.pools],
+        # When each block was freed, and the releases the class weighs its cache by.
+        [(list(p._ages.freed_at), p._ages._order[p._ages._head :]) for p in pool.pools],
         list(pages.owner),
         list(pages.free),
         list(pages.in_use),
