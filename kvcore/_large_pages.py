@@ -16,7 +16,9 @@ It also decides where an allocation's small pages come from
 2. free large pages, carved for the class;
 3. then, oldest first, either the class's own free queue (evicting the
    blocks its policy hands out first) or a fully free page of another class
-   (evicting every block it caches), whichever was last used longer ago.
+   (evicting every block it caches), whichever holds the staler cache (the
+   class's stalest cached free block, see ``ClassMemory.queue_ages``,
+   against the page's release).
    That is eviction aware of large pages: memory moves to the class that
    needs it a whole page at a time, and the pages given up are the ones
    whose cached contents are the stalest, whatever their class. A class
@@ -75,10 +77,11 @@ class ClassMemory(Protocol):
         ...
 
     def queue_ages(self, skip: set[int]) -> Iterator[int]:
-        """The ages of the queued free blocks in the order they are taken, ``skip`` left out.
+        """What taking each queued free block loses, in the order they are taken.
 
-        An age is the clock at which the block was freed, or ``-1`` for a
-        block caching nothing.
+        ``skip`` left out. ``-1`` for a block caching nothing; else the
+        clock at which the stalest cached free block from this one on (in
+        the order they are taken) was freed.
         """
         ...
 
