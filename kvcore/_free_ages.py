@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Container, Hashable, Iterator, Sequence
 from itertools import repeat
+from typing import Protocol
 
 __all__ = ["FreeAges"]
 
@@ -25,30 +26,32 @@ __all__ = ["FreeAges"]
 _SLACK = 4096
 
 
+class BlockState(Protocol):
+    """What :class:`FreeAges` reads of its class pool (read afresh: a reset replaces them)."""
+
+    _ref: list[int]
+    _hash: list[Hashable | None]
+
+    def record(self, undo: Callable[..., None], *arguments: object) -> None:
+        """Add an undo step to the running transaction."""
+        ...
+
+
 class FreeAges:
     """Each block's age, and the releases oldest first.
 
     Args:
         num_blocks: Blocks of the class.
-        ref: The class pool's reference counts (read, never changed).
-        hashes: The class pool's block hashes (read, never changed).
-        record: Adds an undo step to the running transaction.
+        pool: The class pool: its reference counts and hashes are read,
+            never changed, and its transaction records the undo steps.
     """
 
-    __slots__ = ("_hashes", "_head", "_order", "_record", "_ref", "freed_at")
+    __slots__ = ("_head", "_order", "_pool", "freed_at")
 
-    def __init__(
-        self,
-        num_blocks: int,
-        ref: list[int],
-        hashes: list[Hashable | None],
-        record: Callable[..., None],
-    ) -> None:
+    def __init__(self, num_blocks: int, pool: BlockState) -> None:
         #: The clock when each block was last freed.
         self.freed_at = [0] * num_blocks
-        self._ref = ref
-        self._hashes = hashes
-        self._record = record
+        self._pool = pool
         # (clock, block) per release, in release order (clocks never
         # decrease along it); those before _head are dropped.
         self._order: list[tuple[int, int]] = []
@@ -57,10 +60,11 @@ class FreeAges:
     def stamp(self, blocks: Sequence[int], clock: int) -> None:
         """``blocks`` were freed by the release numbered ``clock``."""
         freed_at = self.freed_at
-        self._record(self._unstamp, blocks, list(map(freed_at.__getitem__, blocks)))
+        record = self._pool.record
+        record(self._unstamp, blocks, list(map(freed_at.__getitem__, blocks)))
         deque(map(freed_at.__setitem__, blocks, repeat(clock)), maxlen=0)
         order = self._order
-        self._record(self._truncate, order, len(order))
+        record(self._truncate, order, len(order))
         order.extend(zip(repeat(clock), blocks))
         if len(order) - self._head > 2 * len(self.freed_at) + _SLACK:
             self._rebuild()
@@ -71,17 +75,17 @@ class FreeAges:
     def _truncate(self, order: list[tuple[int, int]], length: int) -> None:
         del order[length:]
 
-    def _live(self, clock: int, block: int) -> bool:
-        """Whether the entry is a free block's latest release and the block still caches."""
-        return (
-            not self._ref[block]
-            and self._hashes[block] is not None
-            and self.freed_at[block] == clock
+    def _live(self) -> Callable[[int, int], bool]:
+        """Whether an entry is a free block's latest release and the block still caches."""
+        ref, hashes, freed_at = self._pool._ref, self._pool._hash, self.freed_at
+        return lambda clock, block: (
+            not ref[block] and hashes[block] is not None and freed_at[block] == clock
         )
 
     def _rebuild(self) -> None:
-        self._record(self._restore, self._order, self._head)
-        self._order = [entry for entry in self._order[self._head :] if self._live(*entry)]
+        self._pool.record(self._restore, self._order, self._head)
+        live = self._live()
+        self._order = [entry for entry in self._order[self._head :] if live(*entry)]
         self._head = 0
 
     def _restore(self, order: list[tuple[int, int]], head: int) -> None:
@@ -97,16 +101,17 @@ class FreeAges:
         """
         order = self._order
         head = self._head
-        while head < len(order) and not self._live(*order[head]):
+        live = self._live()
+        while head < len(order) and not live(*order[head]):
             head += 1
         if head != self._head:
-            self._record(self._restore, order, self._head)
+            self._pool.record(self._restore, order, self._head)
             self._head = head
         position = head
         while True:
             while position < len(order):
                 clock, block = order[position]
-                if block not in left_out and self._live(clock, block):
+                if block not in left_out and live(clock, block):
                     break
                 position += 1
             yield order[position][0] if position < len(order) else None

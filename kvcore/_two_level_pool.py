@@ -54,7 +54,7 @@ class ClassPool(BlockPool):
         # the one taken next last.
         self._spares: list[int] = []
         # The large pages' clock when each block was last freed (its age).
-        self._ages = FreeAges(num_blocks, self._ref, self._hash, self.record)
+        self._ages = FreeAges(num_blocks, self)
         # Blocks the running transaction already made room for (make_room).
         self._room = 0
 

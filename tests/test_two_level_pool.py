@@ -258,6 +258,19 @@ def test_a_class_holding_staler_cache_evicts_its_own_whatever_its_policy_hands_o
     pool.check_invariants()
 
 
+def test_after_a_reset_no_block_counts_as_cached_free_memory():
+    """A reset forgets every hash: the stalest cached free block is then none."""
+    pool = pool_of()
+    first = pool.pool_of(0)
+    blocks = first.get_new_blocks(2)  # large page 1
+    first.cache_full_blocks(hashed("a", [1, 2, 3, 4, 5]), blocks, 0, 2, 2, 0)
+    first.free_blocks(blocks[::-1])
+    assert next(first._ages.stalest(set())) == pool.pages.clock
+    assert pool.reset_prefix_cache()
+    assert next(first._ages.stalest(set())) is None
+    pool.check_invariants()
+
+
 def test_the_stalest_cache_goes_first_whatever_its_class():
     pool = pool_of(5)
     first, second = pool.pool_of(0), pool.pool_of(1)
