@@ -285,10 +285,7 @@ class KVCacheCoordinator:
 
     def steady_until(self, request_id: str, num_computed_tokens: int) -> list[int]:
         """Per group, the most tokens a running request can need before the group acts."""
-        steady = []
-        for manager in self.managers:
-            steady.append(manager.steady_until(request_id, num_computed_tokens))
-        return steady
+        return [manager.steady_until(request_id, num_computed_tokens) for manager in self.managers]
 
     def new_step_starts(self) -> None:
         """Tell every group's manager that a scheduling step begins."""
