@@ -106,7 +106,8 @@ class KVCacheCoordinator:
         self.decoder_groups = tuple(m for m in self.managers if not m.allocates_for_encoder)
         #: Groups whose blocks hold encoder tokens.
         self.encoder_groups = tuple(m for m in self.managers if m.allocates_for_encoder)
-        self._no_hits: Hits = tuple([] for _ in self.managers)
+        #: Every group's index: what the per-group passes act on by default.
+        self.all_groups = tuple(range(len(self.managers)))
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[Hashable], max_cache_hit_length: int
@@ -140,21 +141,25 @@ class KVCacheCoordinator:
         new_computed_blocks: Sequence[Sequence[int]],
         num_encoder_tokens: int,
         total_computed_tokens: int,
+        groups: Sequence[int] | None = None,
     ) -> list[int]:
-        """Blocks the allocation will take in each group (the free hits it revives included)."""
+        """Blocks the allocation will take in each group (the free hits it revives included).
+
+        ``groups``: the groups that act (default all); the others take 0.
+        """
         # Plain loops: a comprehension costs a function call of its own on
         # every allocation (this runs on each one; most engines have 1-3 groups).
-        demand = []
-        for manager, hits in zip(self.managers, new_computed_blocks, strict=True):
+        managers = self.managers
+        demand = [0] * len(managers)
+        for group in self.all_groups if groups is None else groups:
+            manager = managers[group]
             if manager.allocates_for_encoder:
-                demand.append(
-                    manager.get_num_blocks_to_allocate(request_id, num_encoder_tokens, (), 0)
+                demand[group] = manager.get_num_blocks_to_allocate(
+                    request_id, num_encoder_tokens, (), 0
                 )
             else:
-                demand.append(
-                    manager.get_num_blocks_to_allocate(
-                        request_id, num_tokens, hits, total_computed_tokens
-                    )
+                demand[group] = manager.get_num_blocks_to_allocate(
+                    request_id, num_tokens, new_computed_blocks[group], total_computed_tokens
                 )
         return demand
 
@@ -196,91 +201,63 @@ class KVCacheCoordinator:
                 pool._release(blocks)
 
     def allocate_new_blocks(
-        self, request_id: str, num_tokens: int, num_encoder_tokens: int = 0
+        self,
+        request_id: str,
+        num_tokens: int,
+        num_encoder_tokens: int = 0,
+        groups: Sequence[int] | None = None,
     ) -> Hits:
-        """Grow every group's table to ``num_tokens`` slots (encoder groups: encoder tokens)."""
-        grown = []
-        for m in self.managers:  # a loop, not a comprehension: see blocks_to_allocate
-            grown.append(  # noqa: PERF401
-                m.allocate_new_blocks(
-                    request_id, num_encoder_tokens if m.allocates_for_encoder else num_tokens
-                )
+        """Grow the tables to ``num_tokens`` slots (encoder groups: encoder tokens).
+
+        ``groups``: the groups that act (default all); the others grow by nothing.
+        """
+        managers = self.managers
+        grown: list[list[int]] = [[] for _ in managers]
+        for group in self.all_groups if groups is None else groups:
+            manager = managers[group]
+            grown[group] = manager.allocate_new_blocks(
+                request_id, num_encoder_tokens if manager.allocates_for_encoder else num_tokens
             )
         return tuple(grown)
 
-    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+    def cache_blocks(
+        self, request: Request, num_computed_tokens: int, groups: Sequence[int] | None = None
+    ) -> None:
         """Cache the request's full blocks in every cacheable group, as far as a hit can reach.
 
         Blocks past the last multiple of the alignment can never be part of a
         hit, so caching them would only pin map entries. With EAGLE, lookups
         match one block past a candidate, so one more block is cached.
+        ``groups``: the groups that act (default all).
         """
         aligned = num_computed_tokens - num_computed_tokens % self.alignment_tokens
-        for manager in self.cacheable:
+        cacheable = self.cacheable if groups is None else self._among(groups, self.cacheable)
+        for manager in cacheable:
             limit = aligned
             if self.use_eagle and aligned:
                 limit = min(num_computed_tokens, aligned + manager.block_size)
             manager.cache_blocks(request, limit)
 
-    def _cache_limit(self, manager: SingleTypeManager[Any], aligned: int, num_tokens: int) -> int:
-        """Tokens ``manager`` caches up to, ``num_tokens`` given (``aligned``: to the alignment)."""
-        if self.use_eagle and aligned:
-            return min(num_tokens, aligned + manager.block_size)
-        return aligned
-
-    def decode_step(
-        self,
-        request: Request,
-        due: Sequence[int],
-        num_need_slot: int,
-        num_to_cache: int | None,
-    ) -> Hits | None:
-        """A running request's step that adopts nothing, in the groups ``due`` only.
-
-        The other groups' :meth:`steady_until` says they have nothing to do
-        in this step, so the pool sees exactly the calls of the whole route
-        (:meth:`remove_skipped_blocks`, :meth:`blocks_to_allocate`,
-        :meth:`allocate_new_blocks`, :meth:`cache_blocks`), in the same
-        order, for the groups that act. Only for configs without a group
-        that allocates for the encoder. Runs inside the caller's transaction.
-
-        Returns:
-            The new blocks per group (empty lists outside ``due``), or
-            ``None`` if the pool has no room (blocks freed as skipped stay
-            free: nobody needs them).
-        """
-        managers = self.managers
-        request_id = request.request_id
-        num_computed = request.num_computed_tokens
-        for group in due:
-            if managers[group].frees_skipped_blocks:
-                managers[group].remove_skipped_blocks(request_id, num_computed)
-        demand = [0] * len(managers)
-        for group in due:
-            demand[group] = managers[group].get_num_blocks_to_allocate(
-                request_id, num_need_slot, (), num_computed
-            )
-        if not self.block_pool.make_room(demand, self._no_hits):
-            return None
-        new_blocks: list[list[int]] = [[] for _ in managers]
-        for group in due:
-            new_blocks[group] = managers[group].allocate_new_blocks(request_id, num_need_slot)
-        if self.enable_caching and num_to_cache is not None:
-            aligned = num_to_cache - num_to_cache % self.alignment_tokens
-            for group in due:
-                manager = managers[group]
-                if manager.caches_blocks:
-                    manager.cache_blocks(request, self._cache_limit(manager, aligned, num_to_cache))
-        return tuple(new_blocks)
+    def _among(
+        self, groups: Sequence[int], kind: tuple[SingleTypeManager[Any], ...]
+    ) -> list[SingleTypeManager[Any]]:
+        """The managers of ``groups`` that are in ``kind`` (e.g. :attr:`cacheable`)."""
+        return [self.managers[group] for group in groups if self.managers[group] in kind]
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks in every group."""
         for manager in self.managers:
             manager.free(request_id)
 
-    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
-        """Free the blocks no longer read, in every group whose type frees skipped blocks."""
-        for manager in self.windowed:
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, groups: Sequence[int] | None = None
+    ) -> None:
+        """Free the blocks no longer read, in every group whose type frees skipped blocks.
+
+        ``groups``: the groups that act (default all).
+        """
+        windowed = self.windowed if groups is None else self._among(groups, self.windowed)
+        for manager in windowed:
             manager.remove_skipped_blocks(request_id, total_computed_tokens)
 
     def steady_until(self, request_id: str, num_computed_tokens: int) -> list[int]:

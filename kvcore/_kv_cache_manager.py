@@ -275,6 +275,9 @@ class KVCacheManager:
         # its last change), and that count per group.
         self._steady: dict[str, int] = {}
         self._group_steady: dict[str, list[int]] = {}
+        # A running request's step that adopts nothing calls only the groups
+        # with work (see _groups_due); with encoder groups, every group acts.
+        self._steps_by_group = not self.coordinator.encoder_groups
         # A decode step has hashing to do once its tokens fill a new hash unit.
         self._hash_unit = self.hash_block_size if enable_caching else _NO_LIMIT
         self._busy = threading.Lock()
@@ -482,28 +485,23 @@ class KVCacheManager:
             None if delay_cache_blocks else min(num_computed + num_new, request.num_tokens)
         )
         request_id = request.request_id
-        if (
-            running
-            and new_computed_blocks is None
-            and not (num_hit or num_external or num_encoder or self.coordinator.encoder_groups)
-        ):
-            return self._decode_step(
-                request, num_computed + num_new + num_lookahead, num_need_slot, num_to_cache
-            )
+        groups = None
+        if running and self._steps_by_group and not (num_hit or num_external or num_encoder):
+            groups = self._groups_due(request_id, num_computed + num_new + num_lookahead)
+            if not groups:
+                return self.empty_kv_cache_blocks
         with self.block_pool.transaction():
             new_blocks = self._change_tables(
                 request,
                 hits,
-                num_computed - num_external,
-                num_external,
-                num_need_slot,
-                num_encoder,
+                (num_computed - num_external, num_external, num_need_slot, num_encoder),
                 num_to_cache,
+                groups,
             )
             # Asked inside the transaction: a manager that raises here undoes the step.
             holds_blocks = running or new_blocks is not None
             if holds_blocks:
-                steady = self._steady_after(request)
+                steady = self._steady_after(request, groups)
         if holds_blocks:
             self._set_steady(request_id, steady)
         if new_blocks is None:
@@ -517,24 +515,25 @@ class KVCacheManager:
         self,
         request: Request,
         hits: tuple[Sequence[int], ...],
-        num_local_computed: int,
-        num_external: int,
-        num_need_slot: int,
-        num_encoder: int,
+        counts: tuple[int, int, int, int],
         num_to_cache: int | None,
+        groups: Sequence[int] | None,
     ) -> tuple[list[int], ...] | None:
         """Free skipped blocks, then adopt, allocate and cache, or return ``None`` if no room.
 
-        Runs inside the caller's transaction. The skipped blocks freed before
-        a refusal stay free: nobody needs them.
+        ``counts``: local computed tokens, external tokens, tokens that need
+        a slot, encoder tokens. ``groups``: the groups that act (``None``:
+        all). Runs inside the caller's transaction. The skipped blocks freed
+        before a refusal stay free: nobody needs them.
         """
+        num_local_computed, num_external, num_need_slot, num_encoder = counts
         request_id = request.request_id
         coordinator = self.coordinator
         num_computed = num_local_computed + num_external
         if coordinator.windowed:
-            coordinator.remove_skipped_blocks(request_id, num_computed)
+            coordinator.remove_skipped_blocks(request_id, num_computed, groups)
         demand = coordinator.blocks_to_allocate(
-            request_id, num_need_slot, hits, num_encoder, num_computed
+            request_id, num_need_slot, hits, num_encoder, num_computed, groups
         )
         if not self.block_pool.make_room(demand, hits):
             return None
@@ -542,15 +541,13 @@ class KVCacheManager:
             coordinator.allocate_new_computed_blocks(
                 request_id, hits, num_local_computed, num_external
             )
-        new_blocks = coordinator.allocate_new_blocks(request_id, num_need_slot, num_encoder)
+        new_blocks = coordinator.allocate_new_blocks(request_id, num_need_slot, num_encoder, groups)
         if self.enable_caching and num_to_cache is not None:
-            coordinator.cache_blocks(request, num_to_cache)
+            coordinator.cache_blocks(request, num_to_cache, groups)
         return new_blocks
 
-    def _decode_step(
-        self, request: Request, num_wanted: int, num_need_slot: int, num_to_cache: int | None
-    ) -> KVCacheBlocks | None:
-        """A running request's step that adopts nothing: only the groups with work are called.
+    def _groups_due(self, request_id: str, num_wanted: int) -> list[int]:
+        """The groups with work in a running request's step that adopts nothing.
 
         ``num_wanted``: computed plus new plus lookahead tokens. A group
         whose :meth:`~kvcore.managers.SingleTypeManager.steady_until` (asked
@@ -558,27 +555,25 @@ class KVCacheManager:
         a step costs what its acting groups do, not what every group does
         (groups with small blocks act every few tokens, the others rarely).
         """
-        request_id = request.request_id
         limits = self._group_steady[request_id]
-        due = [group for group, limit in enumerate(limits) if num_wanted > limit]
-        if not due:
-            return self.empty_kv_cache_blocks
-        coordinator = self.coordinator
-        with self.block_pool.transaction():
-            new_blocks = coordinator.decode_step(request, due, num_need_slot, num_to_cache)
-            # Asked inside the transaction: a manager that raises here undoes the step.
-            steady = limits.copy()
-            num_computed = request.num_computed_tokens
-            for group in due:
-                steady[group] = coordinator.managers[group].steady_until(request_id, num_computed)
-        self._set_steady(request_id, steady)
-        if new_blocks is None:
-            return None
-        return KVCacheBlocks(new_blocks) if any(new_blocks) else self.empty_kv_cache_blocks
+        return [group for group, limit in enumerate(limits) if num_wanted > limit]
 
-    def _steady_after(self, request: Request) -> list[int]:
-        """Ask the groups when the request's next change comes (after its tables changed)."""
-        return self.coordinator.steady_until(request.request_id, request.num_computed_tokens)
+    def _steady_after(self, request: Request, groups: Sequence[int] | None = None) -> list[int]:
+        """Ask the groups when the request's next change comes (after its tables changed).
+
+        ``groups``: the groups whose tables may have changed (``None``: all);
+        the others keep their answer.
+        """
+        coordinator = self.coordinator
+        num_computed = request.num_computed_tokens
+        if groups is None:
+            return coordinator.steady_until(request.request_id, num_computed)
+        steady = self._group_steady[request.request_id].copy()
+        for group in groups:
+            steady[group] = coordinator.managers[group].steady_until(
+                request.request_id, num_computed
+            )
+        return steady
 
     def _set_steady(self, request_id: str, limits: list[int]) -> None:
         self._group_steady[request_id] = limits

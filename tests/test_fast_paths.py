@@ -23,7 +23,7 @@ from tiny_specs import full, mamba, sw
 from two_level import two_level_config
 
 import kvcore
-import kvcore._coordinator
+import kvcore._kv_cache_manager
 from kvcore import KVCacheManager, Request
 from kvcore.errors import HookImplementationError
 from kvcore.managers import SingleTypeManager
@@ -200,13 +200,15 @@ def test_a_decode_step_with_work_calls_only_the_groups_that_have_some(
 ) -> None:
     """4-token attention blocks beside 16-token states: each group is called at its own steps."""
     seen: list[tuple[int, tuple[int, ...]]] = []
-    real = kvcore._coordinator.KVCacheCoordinator.decode_step
+    real = kvcore._kv_cache_manager.KVCacheManager._change_tables
 
-    def noting(self: Any, request: Request, due: Any, *args: Any) -> Any:
-        seen.append((request.num_computed_tokens, tuple(due)))
-        return real(self, request, due, *args)
+    def noting(self: Any, request: Request, *args: Any) -> Any:
+        groups = args[-1]
+        if groups is not None:
+            seen.append((request.num_computed_tokens, tuple(groups)))
+        return real(self, request, *args)
 
-    monkeypatch.setattr(kvcore._coordinator.KVCacheCoordinator, "decode_step", noting)
+    monkeypatch.setattr(kvcore._kv_cache_manager.KVCacheManager, "_change_tables", noting)
     manager = make(CONFIGS["two-level full+mamba"], True)
     request = Request("a", list(range(5)))
     manager.allocate_slots(request, 5)
