@@ -17,15 +17,21 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from collections.abc import Callable, Hashable
 from functools import cache
-from typing import Final
+from typing import Any, Final, TypeAlias, cast
 
 from kvcore.errors import InvalidConfigError
 
-__all__ = ["BACKENDS", "backend", "native_available", "resolve_backend"]
+__all__ = ["BACKENDS", "backend", "native_available", "native_chain", "resolve_backend"]
 
 #: The accepted backend names.
 BACKENDS: Final = ("auto", "python", "native")
+
+#: ``chain(tokens, start, count, size, parent, out) -> bool``: append the
+#: chained hashes of ``count`` blocks of ``size`` token ids from ``start``
+#: to ``out``; ``False`` (nothing appended) for input only the Python path takes.
+ChainFunction: TypeAlias = Callable[[list[int], int, int, int, Hashable, list[Hashable]], bool]
 
 _logger = logging.getLogger("kvcore")
 _said: set[str] = set()
@@ -39,6 +45,37 @@ def _native_import_error() -> str | None:
     except ImportError as error:
         return str(error)
     return None
+
+
+@cache
+def _native_hash_module() -> tuple[Any, str | None]:
+    """The compiled hashing module and ``None``, or ``None`` and why it does not import."""
+    try:
+        return importlib.import_module("kvcore._native_hash"), None
+    except ImportError as error:
+        return None, str(error)
+
+
+def native_chain(algorithm: str) -> ChainFunction | None:
+    """The compiled chain of block hashes for ``algorithm``, or ``None`` where there is none.
+
+    ``"sha256"`` and ``"fast"`` have one in ``kvcore._native_hash``;
+    ``"xxh3_128"`` has none. When that module did not build (no OpenSSL
+    headers when kvcore was installed), says so once (a WARNING of the
+    ``kvcore`` logger) and returns ``None``: the Python hasher serves.
+    """
+    if algorithm not in ("sha256", "fast"):
+        return None
+    module, error = _native_hash_module()
+    if module is None:
+        _say_once(
+            "hashing",
+            logging.WARNING,
+            f"kvcore: compiled block hashing is not available ({error}); the native backend "
+            "hashes in Python (reinstall kvcore with OpenSSL's headers, e.g. libssl-dev)",
+        )
+        return None
+    return cast("ChainFunction", getattr(module, f"chain_{algorithm}"))
 
 
 def native_available() -> bool:

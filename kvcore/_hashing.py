@@ -36,6 +36,7 @@ import struct
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final, NoReturn, cast, overload
 
+from kvcore._backend import ChainFunction, native_chain
 from kvcore._request import Request
 from kvcore.errors import InvalidConfigError, InvalidRequestError, RequestStateError
 
@@ -210,15 +211,18 @@ class BlockHasher:
         block_size: Tokens per hashed unit (the manager's hash block size).
         algorithm: ``"sha256"``, ``"fast"`` or ``"xxh3_128"`` (see the module
             documentation).
+        native: Compute the hashes of requests without extra keys in compiled
+            code where it is built (``"sha256"`` and ``"fast"``); the values
+            and errors are those of the Python code, which serves otherwise.
 
     Raises:
         InvalidConfigError: a bad block size or algorithm, or ``"xxh3_128"``
             without the ``xxhash`` package.
     """
 
-    __slots__ = ("_digest", "_key", "_none_hash", "algorithm", "block_size")
+    __slots__ = ("_chain", "_digest", "_key", "_none_hash", "algorithm", "block_size")
 
-    def __init__(self, block_size: int, algorithm: str = "sha256") -> None:
+    def __init__(self, block_size: int, algorithm: str = "sha256", *, native: bool = False) -> None:
         if type(block_size) is not int or block_size <= 0:
             msg = f"hash block_size must be a positive integer, got {block_size!r}"
             raise InvalidConfigError(msg)
@@ -231,6 +235,8 @@ class BlockHasher:
         # The byte-level digest of "xxh3_128" (None for the other algorithms).
         self._digest = _xxh3_128_digest() if algorithm == "xxh3_128" else None
         self._none_hash = self._digest(_NONE_HASH_SEED) if self._digest is not None else None
+        # The compiled twin of the loops below (kvcore/_native_hash.c), or None.
+        self._chain: ChainFunction | None = native_chain(algorithm) if native else None
 
     def update(self, request: Request) -> None:
         """Append the hashes of every newly completed block to ``request.block_hashes``.
@@ -253,6 +259,11 @@ class BlockHasher:
         num_new = (len(tokens) - start) // size
         if num_new <= 0:
             return
+        if self._chain is not None and not request.needs_extra_hash_keys:
+            first = NONE_HASH_SHA256 if self.algorithm == "sha256" else _NONE_HASH_FAST
+            if self._chain(tokens, start, num_new, size, hashes[-1] if hashes else first, hashes):
+                return
+            # Refused (an id that is not a plain int64, say): the code below decides.
         end = start + num_new * size
         # Packing checks every id (an int64, or refused with its position);
         # the sha256 path hashes the packed bytes, the others only check.

@@ -259,7 +259,9 @@ class KVCacheManager:
         self.backend: str = self.block_pool.backend
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.hash_block_size = self.coordinator.hash_block_size
-        self._hasher = BlockHasher(self.hash_block_size, hash_algorithm)
+        self._hasher = BlockHasher(
+            self.hash_block_size, hash_algorithm, native=self.backend == "native"
+        )
         self.empty_kv_cache_blocks = KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups))
         )

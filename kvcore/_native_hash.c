@@ -1,0 +1,261 @@
+/* kvcore._native_hash: a request's chained block hashes in one call.
+ *
+ * The specification is BlockHasher.update in kvcore/_hashing.py; this module
+ * computes the same values for the two algorithms whose inputs are the token
+ * ids alone (no extra keys):
+ *
+ *   chain_sha256  digest_i = SHA-256(digest_{i-1} || ids of block i as
+ *                 little-endian int64), 32 bytes each;
+ *   chain_fast    hash_i = hash((hash_{i-1}, tuple(ids of block i))), the
+ *                 interpreter's own tuple hash, so identical by construction.
+ *
+ * Both take (tokens, start, count, size, parent, out): the ids
+ * tokens[start : start + count * size] form count blocks of size ids, parent
+ * is the hash before the first of them, and the new hashes are appended to
+ * the list out. They return True when they did it, and False, with nothing
+ * appended and no exception set, when the input is anything but the plain
+ * case: a token that is not an exact int in the signed 64-bit range (a bool,
+ * a numpy integer, an out-of-range int), tokens that are not a list, a parent
+ * that is not a 32-byte bytes object. The caller then runs the Python path,
+ * which hashes what it can and raises the specification's error for what it
+ * refuses, so errors need no second implementation here. The packing loop
+ * calls no Python code (exact ints only), so the list cannot change under it.
+ *
+ * Why OpenSSL's libcrypto, through its low-level SHA256_Init/Update/Final:
+ * hashlib.sha256 already runs that library's compression code (SHA-NI or
+ * AVX2 chosen by OpenSSL's own CPUID dispatch), so the digests are the same
+ * code's, and what costs per block in Python is the EVP layer around it (a
+ * context allocated, the provider's method looked up, a bytes object per
+ * concatenation), not the compression. The low-level calls skip that layer
+ * but keep the tuned assembly; a self-written SHA-256 would need its own
+ * SHA-NI path to match it and would be one more piece of cryptographic code
+ * to trust. The low-level API is marked deprecated in OpenSSL 3 (kept
+ * through the 3.x series); a libcrypto built without it, or a machine without
+ * the headers, fails this optional extension's build and kvcore hashes in
+ * Python, saying so once.
+ */
+#define PY_SSIZE_T_CLEAN
+#define OPENSSL_SUPPRESS_DEPRECATED
+#include <Python.h>
+#include <openssl/sha.h>
+#include <stdint.h>
+#include <string.h>
+
+#define DIGEST 32
+/* Below this many bytes to hash the interpreter lock stays held: releasing
+ * and taking it back costs more than the hashing another thread could overlap. */
+#define RELEASE_BYTES 16384
+
+/* The exact int at ``item`` as int64 in *value: 1, or 0 when it is not one
+ * (another type, or out of range); never an exception. */
+static inline int
+exact_int64(PyObject *item, int64_t *value)
+{
+    int overflow = 0;
+    long long v;
+    if (!PyLong_CheckExact(item))
+        return 0;
+    v = PyLong_AsLongLongAndOverflow(item, &overflow);
+    if (overflow != 0)
+        return 0;
+    /* -1 is also the error value; an exact int cannot fail otherwise. */
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    *value = (int64_t)v;
+    return 1;
+}
+
+/* Little-endian whatever the machine's byte order (a plain store on x86). */
+static inline void
+put_le64(unsigned char *at, int64_t value)
+{
+    uint64_t u = (uint64_t)value;
+    for (int i = 0; i < 8; i++)
+        at[i] = (unsigned char)(u >> (8 * i));
+}
+
+/* Pack ``n`` ids from ``items`` into ``out`` (8 bytes each, out may be NULL
+ * to check only): 1 when every id is an exact int64, else 0. */
+static int
+pack_ids(PyObject **items, Py_ssize_t n, unsigned char *out)
+{
+    int64_t value;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!exact_int64(items[i], &value))
+            return 0;
+        if (out != NULL)
+            put_le64(out + 8 * i, value);
+    }
+    return 1;
+}
+
+typedef struct {
+    PyObject *tokens;
+    Py_ssize_t start, count, size;
+    PyObject *parent;
+    PyObject *out;
+} ChainArgs;
+
+/* Parse (tokens, start, count, size, parent, out): 1 and *a filled, 0 for
+ * input the Python path must take (no exception), -1 with an exception. */
+static int
+parse_chain(PyObject *const *args, Py_ssize_t nargs, ChainArgs *a)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "expected (tokens, start, count, size, parent, out)");
+        return -1;
+    }
+    a->tokens = args[0];
+    a->parent = args[4];
+    a->out = args[5];
+    if (!PyList_CheckExact(a->tokens) || !PyList_CheckExact(a->out))
+        return 0;
+    a->start = PyLong_AsSsize_t(args[1]);
+    a->count = PyLong_AsSsize_t(args[2]);
+    a->size = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred())
+        return -1;
+    if (a->start < 0 || a->count <= 0 || a->size <= 0
+        || a->count > (PyList_GET_SIZE(a->tokens) - a->start) / a->size)
+        return 0;
+    return 1;
+}
+
+/* Append the ``count`` digests at ``digests`` to ``out`` as bytes: 0, or -1
+ * with an exception and ``out`` as it was. */
+static int
+append_digests(PyObject *out, const unsigned char *digests, Py_ssize_t count)
+{
+    Py_ssize_t before = PyList_GET_SIZE(out);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *digest = PyBytes_FromStringAndSize((const char *)digests + DIGEST * i, DIGEST);
+        if (digest == NULL || PyList_Append(out, digest) < 0) {
+            Py_XDECREF(digest);
+            PyList_SetSlice(out, before, PyList_GET_SIZE(out), NULL);
+            return -1;
+        }
+        Py_DECREF(digest);
+    }
+    return 0;
+}
+
+/* digests[i] = SHA-256(digests[i-1] || block i of ``ids``), digests[-1] = parent. */
+static void
+sha256_chain(const unsigned char *parent, const unsigned char *ids, Py_ssize_t count,
+             size_t step, unsigned char *digests)
+{
+    SHA256_CTX ctx;
+    const unsigned char *previous = parent;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        SHA256_Init(&ctx);
+        SHA256_Update(&ctx, previous, DIGEST);
+        SHA256_Update(&ctx, ids + step * (size_t)i, step);
+        SHA256_Final(digests + DIGEST * i, &ctx);
+        previous = digests + DIGEST * i;
+    }
+}
+
+static PyObject *
+chain_sha256(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    ChainArgs a;
+    int parsed = parse_chain(args, nargs, &a);
+    if (parsed <= 0)
+        return parsed < 0 ? NULL : Py_NewRef(Py_False);
+    if (!PyBytes_CheckExact(a.parent) || PyBytes_GET_SIZE(a.parent) != DIGEST)
+        Py_RETURN_FALSE;
+    Py_ssize_t n = a.count * a.size;
+    size_t step = 8 * (size_t)a.size;
+    unsigned char *ids = PyMem_RawMalloc(8 * (size_t)n + DIGEST * (size_t)(a.count + 1));
+    if (ids == NULL)
+        return PyErr_NoMemory();
+    unsigned char *parent = ids + 8 * (size_t)n, *digests = parent + DIGEST;
+    PyObject *result = Py_False;
+    if (pack_ids(PySequence_Fast_ITEMS(a.tokens) + a.start, n, ids)) {
+        /* The parent is copied: the bytes object is not used once the lock is released. */
+        memcpy(parent, PyBytes_AS_STRING(a.parent), DIGEST);
+        if (step * (size_t)a.count >= RELEASE_BYTES) {
+            Py_BEGIN_ALLOW_THREADS
+            sha256_chain(parent, ids, a.count, step, digests);
+            Py_END_ALLOW_THREADS
+        }
+        else {
+            sha256_chain(parent, ids, a.count, step, digests);
+        }
+        result = append_digests(a.out, digests, a.count) < 0 ? NULL : Py_True;
+    }
+    PyMem_RawFree(ids);
+    return Py_XNewRef(result);
+}
+
+/* hash((parent, tuple(items[0:size]))) as an int, or NULL with an exception. */
+static PyObject *
+fast_one(PyObject *parent, PyObject **items, Py_ssize_t size)
+{
+    PyObject *block = PyTuple_New(size);
+    if (block == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < size; i++)
+        PyTuple_SET_ITEM(block, i, Py_NewRef(items[i]));
+    PyObject *pair = PyTuple_Pack(2, parent, block);
+    Py_DECREF(block);
+    if (pair == NULL)
+        return NULL;
+    Py_hash_t hash = PyObject_Hash(pair);
+    Py_DECREF(pair);
+    return hash == -1 && PyErr_Occurred() ? NULL : PyLong_FromSsize_t(hash);
+}
+
+static PyObject *
+chain_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    ChainArgs a;
+    int parsed = parse_chain(args, nargs, &a);
+    if (parsed <= 0)
+        return parsed < 0 ? NULL : Py_NewRef(Py_False);
+    PyObject **items = PySequence_Fast_ITEMS(a.tokens) + a.start;
+    if (!pack_ids(items, a.count * a.size, NULL))
+        Py_RETURN_FALSE;
+    Py_ssize_t before = PyList_GET_SIZE(a.out);
+    PyObject *parent = Py_NewRef(a.parent);
+    for (Py_ssize_t i = 0; i < a.count; i++) {
+        /* Only exact ints and the parent are hashed: no Python code runs, so
+         * the token list stays as it was checked. */
+        PyObject *hash = fast_one(parent, items + a.size * i, a.size);
+        Py_DECREF(parent);
+        if (hash == NULL || PyList_Append(a.out, hash) < 0) {
+            Py_XDECREF(hash);
+            PyList_SetSlice(a.out, before, PyList_GET_SIZE(a.out), NULL);
+            return NULL;
+        }
+        parent = hash;
+    }
+    Py_DECREF(parent);
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef native_hash_methods[] = {
+    {"chain_sha256", (PyCFunction)(void (*)(void))chain_sha256, METH_FASTCALL,
+     "chain_sha256(tokens, start, count, size, parent, out) -> bool\n\n"
+     "Append the chained SHA-256 digests of count blocks of size token ids."},
+    {"chain_fast", (PyCFunction)(void (*)(void))chain_fast, METH_FASTCALL,
+     "chain_fast(tokens, start, count, size, parent, out) -> bool\n\n"
+     "Append the chained hash((parent, tuple(block))) of count blocks of size token ids."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef native_hash_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "kvcore._native_hash",
+    .m_doc = "A request's chained block hashes in one call (see kvcore/_hashing.py).",
+    .m_size = 0,
+    .m_methods = native_hash_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__native_hash(void)
+{
+    return PyModuleDef_Init(&native_hash_module);
+}
