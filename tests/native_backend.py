@@ -8,6 +8,7 @@ compiled backend.
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -23,3 +24,21 @@ def require_native() -> None:
     if os.environ.get("KVCORE_REQUIRE_NATIVE") == "1":
         pytest.fail(f"{reason}; KVCORE_REQUIRE_NATIVE=1 requires it")
     pytest.skip(reason)
+
+
+def require_native_hashing() -> None:
+    """Skip without ``kvcore._native_hash`` (fail under KVCORE_REQUIRE_NATIVE=1)."""
+    if native_hashing_built():
+        return
+    pytest.skip("kvcore._native_hash is not built (no OpenSSL headers when kvcore was installed)")
+
+
+def native_hashing_built() -> bool:
+    """Whether ``kvcore._native_hash`` imports (always, under KVCORE_REQUIRE_NATIVE=1)."""
+    try:
+        importlib.import_module("kvcore._native_hash")
+    except ImportError:
+        if os.environ.get("KVCORE_REQUIRE_NATIVE") == "1":
+            raise
+        return False
+    return True

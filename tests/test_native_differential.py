@@ -29,7 +29,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from native_backend import require_native
+from native_backend import native_hashing_built, require_native
 from tiny_specs import full, mamba, sw
 
 import kvcore
@@ -177,6 +177,9 @@ def test_both_backends_agree_after_every_step(
     pair = managers(
         specs, num_blocks, use_eagle=use_eagle, hash_algorithm=hash_algorithm, **options
     )
+    # The native manager hashes in C where that module is built (the Python one never).
+    assert pair[0]._hasher._chain is None
+    assert (pair[1]._hasher._chain is not None) == native_hashing_built()
     loads = [
         RandomWorkload(manager, seed=seed, num_encoder_tokens=encoder, check_every=25)
         for manager in pair
