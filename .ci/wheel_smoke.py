@@ -106,12 +106,12 @@ def check_sdist(sdist: Path) -> None:
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     for wanted in ("LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "setup.py",
-                   "kvcore/_native.c", *(f"plugins/{name}/__init__.py" for name in BUILT_IN)):
+                   "kvcore/_native.c", "kvcore/_native_hash.c", *(f"plugins/{name}/__init__.py" for name in BUILT_IN)):
         check(wanted in names, f"{wanted} missing from {sdist.name}")
 
 
 def check_wheel_file(wheel: Path) -> None:
-    """The wheel holds no tests, docs or benchmarks (only the two packages), and the C module."""
+    """The wheel holds no tests, docs or benchmarks (only the two packages), and the C modules."""
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     tops = {name.split("/", 1)[0] for name in names}
@@ -119,6 +119,8 @@ def check_wheel_file(wheel: Path) -> None:
     check(not extra, f"the wheel ships more than kvcore and kvcore_plugins: {sorted(extra)}")
     compiled = [n for n in names if n.startswith("kvcore/_native.") and n.endswith(".so")]
     check(len(compiled) == 1, f"the wheel holds {compiled} for the native backend, not one module")
+    hashing = [n for n in names if n.startswith("kvcore/_native_hash.") and n.endswith(".so")]
+    check(len(hashing) == 1, f"the wheel holds {hashing} for the compiled hashing, not one module")
 
 
 def main(argv: list[str]) -> int:
