@@ -16,10 +16,12 @@
  * appended and no exception set, when the input is anything but the plain
  * case: a token that is not an exact int in the signed 64-bit range (a bool,
  * a numpy integer, an out-of-range int), tokens that are not a list, a parent
- * that is not a 32-byte bytes object. The caller then runs the Python path,
+ * that is not a 32-byte bytes object (sha256) or an exact int (fast), the
+ * token list passed as the output too. The caller then runs the Python path,
  * which hashes what it can and raises the specification's error for what it
- * refuses, so errors need no second implementation here. The packing loop
- * calls no Python code (exact ints only), so the list cannot change under it.
+ * refuses, so errors need no second implementation here. The checking and
+ * packing loop neither allocates nor calls Python code (exact ints only), so
+ * the list cannot change under it.
  *
  * Why OpenSSL's libcrypto, through its low-level SHA256_Init/Update/Final:
  * hashlib.sha256 already runs that library's compression code (SHA-NI or
@@ -110,7 +112,7 @@ parse_chain(PyObject *const *args, Py_ssize_t nargs, ChainArgs *a)
     a->tokens = args[0];
     a->parent = args[4];
     a->out = args[5];
-    if (!PyList_CheckExact(a->tokens) || !PyList_CheckExact(a->out))
+    if (!PyList_CheckExact(a->tokens) || !PyList_CheckExact(a->out) || a->tokens == a->out)
         return 0;
     a->start = PyLong_AsSsize_t(args[1]);
     a->count = PyLong_AsSsize_t(args[2]);
@@ -215,25 +217,30 @@ chain_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int parsed = parse_chain(args, nargs, &a);
     if (parsed <= 0)
         return parsed < 0 ? NULL : Py_NewRef(Py_False);
-    PyObject **items = PySequence_Fast_ITEMS(a.tokens) + a.start;
-    if (!pack_ids(items, a.count * a.size, NULL))
+    /* A parent of another type could run Python code when hashed. */
+    if (!PyLong_CheckExact(a.parent)
+        || !pack_ids(PySequence_Fast_ITEMS(a.tokens) + a.start, a.count * a.size, NULL))
         Py_RETURN_FALSE;
+    /* The blocks are built from a copy: an allocation below may run the
+     * collector, whose finalizers could change the request's own list. */
+    PyObject *copy = PyList_GetSlice(a.tokens, a.start, a.start + a.count * a.size);
+    if (copy == NULL)
+        return NULL;
     Py_ssize_t before = PyList_GET_SIZE(a.out);
-    PyObject *parent = Py_NewRef(a.parent);
+    PyObject *parent = Py_NewRef(a.parent), *result = Py_True;
     for (Py_ssize_t i = 0; i < a.count; i++) {
-        /* Only exact ints and the parent are hashed: no Python code runs, so
-         * the token list stays as it was checked. */
-        PyObject *hash = fast_one(parent, items + a.size * i, a.size);
+        PyObject *hash = fast_one(parent, PySequence_Fast_ITEMS(copy) + a.size * i, a.size);
         Py_DECREF(parent);
-        if (hash == NULL || PyList_Append(a.out, hash) < 0) {
-            Py_XDECREF(hash);
-            PyList_SetSlice(a.out, before, PyList_GET_SIZE(a.out), NULL);
-            return NULL;
-        }
         parent = hash;
+        if (hash == NULL || PyList_Append(a.out, hash) < 0) {
+            PyList_SetSlice(a.out, before, PyList_GET_SIZE(a.out), NULL);
+            result = NULL;
+            break;
+        }
     }
-    Py_DECREF(parent);
-    Py_RETURN_TRUE;
+    Py_XDECREF(parent);
+    Py_DECREF(copy);
+    return Py_XNewRef(result);
 }
 
 static PyMethodDef native_hash_methods[] = {

@@ -180,6 +180,10 @@ def test_the_chain_declines_what_it_does_not_serve() -> None:
     assert chain([1, 2], 1, 1, 2, NONE_HASH_SHA256, out) is False  # past the end
     assert chain([1, 2**63], 0, 1, 2, NONE_HASH_SHA256, out) is False
     assert _native_hash.chain_fast([1, "2"], 0, 1, 2, 0, out) is False
+    assert _native_hash.chain_fast([1, 2], 0, 1, 2, "parent", out) is False  # not an int
+    same = [1, 2]
+    assert chain(same, 0, 1, 2, NONE_HASH_SHA256, same) is False  # tokens as the output
+    assert same == [1, 2]
     assert out == []
     assert chain([1, 2], 0, 1, 2, NONE_HASH_SHA256, out) is True
     assert out == sha256_chain([1, 2], 2)
