@@ -114,10 +114,11 @@ parse_chain(PyObject *const *args, Py_ssize_t nargs, ChainArgs *a)
     a->out = args[5];
     if (!PyList_CheckExact(a->tokens) || !PyList_CheckExact(a->out) || a->tokens == a->out)
         return 0;
-    a->start = PyLong_AsSsize_t(args[1]);
-    a->count = PyLong_AsSsize_t(args[2]);
-    a->size = PyLong_AsSsize_t(args[3]);
-    if (PyErr_Occurred())
+    if ((a->start = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred())
+        return -1;
+    if ((a->count = PyLong_AsSsize_t(args[2])) == -1 && PyErr_Occurred())
+        return -1;
+    if ((a->size = PyLong_AsSsize_t(args[3])) == -1 && PyErr_Occurred())
         return -1;
     if (a->start < 0 || a->count <= 0 || a->size <= 0
         || a->count > (PyList_GET_SIZE(a->tokens) - a->start) / a->size)
