@@ -262,7 +262,10 @@ class KVCacheCoordinator:
 
     def steady_until(self, request_id: str, num_computed_tokens: int) -> list[int]:
         """Per group, the most tokens a running request can need before the group acts."""
-        return [manager.steady_until(request_id, num_computed_tokens) for manager in self.managers]
+        steady = []
+        for manager in self.managers:  # a loop, not a comprehension: see blocks_to_allocate
+            steady.append(manager.steady_until(request_id, num_computed_tokens))  # noqa: PERF401
+        return steady
 
     def new_step_starts(self) -> None:
         """Tell every group's manager that a scheduling step begins."""

@@ -492,6 +492,8 @@ class KVCacheManager:
             groups = self._groups_due(request_id, num_computed + num_new + num_lookahead)
             if not groups:
                 return self.empty_kv_cache_blocks
+            if len(groups) == self.num_kv_cache_groups:
+                groups = None  # every group acts: the plain passes, without picking
         with self.block_pool.transaction():
             new_blocks = self._change_tables(
                 request,
@@ -557,8 +559,11 @@ class KVCacheManager:
         a step costs what its acting groups do, not what every group does
         (groups with small blocks act every few tokens, the others rarely).
         """
-        limits = self._group_steady[request_id]
-        return [group for group, limit in enumerate(limits) if num_wanted > limit]
+        due = []  # a loop, not a comprehension: see KVCacheCoordinator.blocks_to_allocate
+        for group, limit in enumerate(self._group_steady[request_id]):
+            if num_wanted > limit:
+                due.append(group)
+        return due
 
     def _steady_after(self, request: Request, groups: Sequence[int] | None = None) -> list[int]:
         """Ask the groups when the request's next change comes (after its tables changed).

@@ -204,8 +204,9 @@ def test_a_decode_step_with_work_calls_only_the_groups_that_have_some(
 
     def noting(self: Any, request: Request, *args: Any) -> Any:
         groups = args[-1]
-        if groups is not None:
-            seen.append((request.num_computed_tokens, tuple(groups)))
+        if request._kv_owner is not None:  # a running request (None: every group acts)
+            acting = tuple(range(len(self.coordinator.managers))) if groups is None else groups
+            seen.append((request.num_computed_tokens, tuple(acting)))
         return real(self, request, *args)
 
     monkeypatch.setattr(kvcore._kv_cache_manager.KVCacheManager, "_change_tables", noting)
