@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pool_state import pool_state
 from protocol_adapters import rolled_back
 
 import kvcore
@@ -231,15 +232,6 @@ def test_touching_a_never_allocated_block_with_freed_blocks_queued():
     pool.check_invariants()
 
 
-def pool_state(pool: BlockPool) -> tuple[object, ...]:
-    return (
-        [pool.ref_count(b) for b in range(1, pool.num_blocks)],
-        pool.free_block_ids(),
-        [pool.block_hash(b) for b in range(pool.num_blocks)],
-        pool.get_num_free_blocks(),
-    )
-
-
 @pytest.mark.parametrize(
     ("call", "match"),
     [
@@ -314,22 +306,6 @@ def test_a_pool_whose_bookkeeping_exceeds_host_memory_is_refused(monkeypatch):
 # -- transactions: rollback restores everything, free-queue order included -------------
 
 
-def full_state(pool: BlockPool) -> tuple[object, ...]:
-    return (
-        tuple(pool._ref),
-        tuple(pool.free_block_ids()),
-        tuple(pool._hash),
-        tuple(pool._group),
-        tuple(
-            (dict(cached), {h: tuple(b) for h, b in dups.items()})
-            for cached, dups in zip(pool._cached, pool._dups, strict=True)
-        ),
-        tuple(pool._reserved),
-        pool.peek_events(),
-        pool.get_num_free_blocks(),
-    )
-
-
 def random_operation(
     pool: BlockPool, rng, held: list[int], request: Request, num_groups: int = 2
 ) -> None:
@@ -372,7 +348,7 @@ def test_rollback_restores_the_pool_exactly(seed, num_groups):
     request = cached_request(list(range(40)), 4)
     for _ in range(rng.randint(0, 30)):  # some history: freed, cached, evicted blocks
         random_operation(pool, rng, held, request, num_groups)
-    before = full_state(pool)
+    before = pool_state(pool)
     saved = list(held)
     with rolled_back(pool):
         # A transaction inside a running one joins it: the outer one undoes both.
@@ -381,7 +357,7 @@ def test_rollback_restores_the_pool_exactly(seed, num_groups):
                 random_operation(pool, rng, held, request, num_groups)
         for _ in range(rng.randint(0, 6)):
             random_operation(pool, rng, held, request, num_groups)
-    assert full_state(pool) == before
+    assert pool_state(pool) == before
     pool.check_invariants()
     # The pool goes on as if the transaction never ran.
     held[:] = saved

@@ -18,6 +18,7 @@ import random
 from typing import Any
 
 import pytest
+from pool_state import pool_state
 from protocol_adapters import rolled_back
 from tiny_specs import full, mamba, sw
 from two_level import two_level_config
@@ -343,13 +344,13 @@ def test_free_table_releases_every_block_of_any_shape(shape: str, expected_tail:
     shared = [i + 1 for i, kind in enumerate(shape) if kind == "s"]
     pool.touch(shared)  # a second holder
     queue_before = pool.free_block_ids()
-    before = full_pool_state(pool)
+    before = pool_state(pool)
     with rolled_back(pool):
         pool.free_blocks(table[::-1])
         assert pool.free_block_ids() == queue_before + [int(b) for b in expected_tail]
         assert [pool.ref_count(b) for b in shared] == [1] * len(shared)
         pool.check_invariants()
-    assert full_pool_state(pool) == before
+    assert pool_state(pool) == before
     pool.check_invariants()
 
 
@@ -358,10 +359,10 @@ def test_free_table_double_free_after_released_blocks_changes_nothing() -> None:
     pool = kvcore.managers.BlockPool(8)
     table = pool.get_new_blocks(4)
     pool.free_blocks([table[0]])  # freed behind the table's back
-    before = full_pool_state(pool)
+    before = pool_state(pool)
     with pytest.raises(kvcore.errors.DoubleFreeError, match=f"block {table[0]} "):
         pool.free_blocks(table[::-1])
-    assert full_pool_state(pool) == before
+    assert pool_state(pool) == before
     assert pool.ref_count(0) == 0
     pool.check_invariants()
 
@@ -376,27 +377,19 @@ def test_a_hit_waiting_as_one_run_is_revived_in_one_step_and_undone_exactly() ->
     pool.get_new_blocks(2)  # blocks 6 and 7 stay held
     pool.free_blocks(table[::-1])
     assert pool.free_block_ids() == [8, 9, 10, 11, 5, 4, 3, 2, 1]
-    before = full_pool_state(pool)
+    before = pool_state(pool)
     with rolled_back(pool):
         pool.touch(table[:4])  # blocks 1..4: a run (4, 3, 2, 1) at the tail
         assert pool.free_block_ids() == [8, 9, 10, 11, 5]
         assert [pool.ref_count(b) for b in table] == [1, 1, 1, 1, 0]
         pool.check_invariants()
-    assert full_pool_state(pool) == before
+    assert pool_state(pool) == before
     pool.check_invariants()
     # A hit that is not one run (1, 2, 4: block 3 lies between) takes the
     # general path, with the same result as touching the blocks one by one.
     pool.touch([table[0], table[1], table[3]])
     assert pool.free_block_ids() == [8, 9, 10, 11, 5, 3]
     pool.check_invariants()
-
-
-def full_pool_state(pool: kvcore.managers.BlockPool) -> tuple[object, ...]:
-    return (
-        tuple(pool.ref_count(b) for b in range(pool.num_blocks)),
-        tuple(pool.free_block_ids()),
-        pool.get_num_free_blocks(),
-    )
 
 
 @pytest.mark.parametrize("fail_in", ["_cache_full_blocks", "_take", "_release"])

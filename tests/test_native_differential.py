@@ -30,6 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from native_backend import native_hashing_built, require_native
+from pool_state import pool_state
 from tiny_specs import full, mamba, sw
 
 import kvcore
@@ -242,23 +243,6 @@ def test_the_fault_driver_sees_partial_native_work_undone() -> None:
 
 
 # -- the pool's public methods, rare paths included ----------------------------------------
-
-
-def pool_state(pool: BlockPool) -> tuple[object, ...]:
-    return (
-        tuple(pool._ref),
-        tuple(pool.free_block_ids()),
-        tuple(pool._hash),
-        tuple(pool._group),
-        tuple(
-            (dict(cached), {h: tuple(b) for h, b in dups.items()})
-            for cached, dups in zip(pool._cached, pool._dups, strict=True)
-        ),
-        tuple(pool._reserved),
-        pool.peek_events(),
-        pool.get_num_free_blocks(),
-        pool.num_evicted,
-    )
 
 
 class TwoPools(RuleBasedStateMachine):
