@@ -220,7 +220,15 @@ class BlockHasher:
             without the ``xxhash`` package.
     """
 
-    __slots__ = ("_chain", "_digest", "_key", "_none_hash", "algorithm", "block_size")
+    __slots__ = (
+        "_chain",
+        "_chain_seed",
+        "_digest",
+        "_key",
+        "_none_hash",
+        "algorithm",
+        "block_size",
+    )
 
     def __init__(self, block_size: int, algorithm: str = "sha256", *, native: bool = False) -> None:
         if type(block_size) is not int or block_size <= 0:
@@ -237,6 +245,8 @@ class BlockHasher:
         self._none_hash = self._digest(_NONE_HASH_SEED) if self._digest is not None else None
         # The compiled twin of the loops below (kvcore/_native_hash.c), or None.
         self._chain: ChainFunction | None = native_chain(algorithm) if native else None
+        # The parent of a request's first block in the compiled chain.
+        self._chain_seed = NONE_HASH_SHA256 if algorithm == "sha256" else _NONE_HASH_FAST
 
     def update(self, request: Request) -> None:
         """Append the hashes of every newly completed block to ``request.block_hashes``.
@@ -260,8 +270,8 @@ class BlockHasher:
         if num_new <= 0:
             return
         if self._chain is not None and not request.needs_extra_hash_keys:
-            first = NONE_HASH_SHA256 if self.algorithm == "sha256" else _NONE_HASH_FAST
-            if self._chain(tokens, start, num_new, size, hashes[-1] if hashes else first, hashes):
+            parent = hashes[-1] if hashes else self._chain_seed
+            if self._chain(tokens, start, num_new, size, parent, hashes):
                 return
             # Refused (an id that is not a plain int64, say): the code below decides.
         end = start + num_new * size
