@@ -59,11 +59,15 @@ def commit() -> str:
     try:
         head = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         changed = subprocess.run(
             ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.splitlines()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
@@ -75,9 +79,21 @@ def last_change(path: Path) -> dict[str, str]:
     """Date and commit of the last commit that changed ``path`` (cached results)."""
     try:
         out = subprocess.run(
-            ["git", "-C", str(REPO), "log", "-1", "--format=%h %cd",
-             "--date=format-local:%Y-%m-%d %H:%M", "--", str(path)],
-            capture_output=True, text=True, check=True, env={**os.environ, "TZ": "UTC"},
+            [
+                "git",
+                "-C",
+                str(REPO),
+                "log",
+                "-1",
+                "--format=%h %cd",
+                "--date=format-local:%Y-%m-%d %H:%M",
+                "--",
+                str(path),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "TZ": "UTC"},
         ).stdout.split(maxsplit=1)
     except (OSError, subprocess.CalledProcessError):
         out = []
@@ -179,8 +195,14 @@ class Recorder:
         if not self.enabled:
             return None
         outputs = {key: text.strip("\n") for key, text in self.outputs.items()}
-        return write_record(self.name, figures=self.figures, tables=self.tables,
-                            outputs=outputs, data=self.data or None, command=self.command)
+        return write_record(
+            self.name,
+            figures=self.figures,
+            tables=self.tables,
+            outputs=outputs,
+            data=self.data or None,
+            command=self.command,
+        )
 
 
 class _Tee(io.TextIOBase):

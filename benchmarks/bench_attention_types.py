@@ -226,8 +226,9 @@ def bench_allocation_paths(args: argparse.Namespace, vllm: Any | None, recorder:
             if vllm is not None:
                 vl = Spread([s[index] for s in measured["vLLM"][0]])
                 line += f"{vl.fmt():>22}{vl.median / kv.median:>7.2f}x"
-                recorder.figure(f"ratio.{case.name}.{op.replace(' ', '-')}",
-                                ratio(vl.median / kv.median))
+                recorder.figure(
+                    f"ratio.{case.name}.{op.replace(' ', '-')}", ratio(vl.median / kv.median)
+                )
                 if not (case.note and "caching off" in case.note and op == "lookup"):
                     ratios.setdefault(op, []).append(vl.median / kv.median)
             if index == 0 and case.note:
@@ -241,8 +242,9 @@ def bench_allocation_paths(args: argparse.Namespace, vllm: Any | None, recorder:
                 print(f"  {'':<24}RESULTS DIFFER at {where}")
     for op, values in ratios.items():
         # Every type and hybrid (cross attention's lookup with caching off aside).
-        recorder.figure(f"ratio.range.{op.replace(' ', '-')}",
-                        span(min(values), max(values), unit="×"))
+        recorder.figure(
+            f"ratio.range.{op.replace(' ', '-')}", span(min(values), max(values), unit="×")
+        )
     return all_same
 
 
@@ -414,8 +416,10 @@ def bench_sliding_window_lookup(
                 line += f"  {probes[name]:>6} {times[name].fmt():>23}"
             if vllm is not None:
                 line += f"  {times['vLLM'].median / times['jump'].median:>6.1f}x"
-                recorder.figure(f"lookup.{num_tokens}.{pattern.replace(' ', '-')}",
-                                f"{times['vLLM'].median / times['jump'].median:.1f}×")
+                recorder.figure(
+                    f"lookup.{num_tokens}.{pattern.replace(' ', '-')}",
+                    f"{times['vLLM'].median / times['jump'].median:.1f}×",
+                )
             print(line + ("" if same else "  RESULTS DIFFER"))
     print(
         "  hit: tokens found (the same for all three implementations, block for block, "

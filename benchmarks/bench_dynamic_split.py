@@ -109,7 +109,8 @@ def memory_snapshot(pool: Any, running: int) -> dict[str, Any]:
     for klass, class_pool in enumerate(pool.pools):
         per = pages.per_page[klass]
         partly = sum(
-            1 for page, owner in enumerate(pages.owner)
+            1
+            for page, owner in enumerate(pages.owner)
             if owner == klass and 0 < pages.in_use[page] < per
         )
         snapshot[f"class {klass}"] = {
@@ -166,8 +167,9 @@ def class_names(plan: kvcore.KVCachePlan) -> list[str]:
     page_pool = plan.kv_cache_config.page_pool
     assert page_pool is not None
     names: list[set[str]] = [set() for _ in range(page_pool.num_classes)]
-    for group, klass in zip(plan.kv_cache_config.kv_cache_groups, page_pool.group_classes,
-                            strict=True):
+    for group, klass in zip(
+        plan.kv_cache_config.kv_cache_groups, page_pool.group_classes, strict=True
+    ):
         names[klass].add(group.kv_cache_spec.kind)
     return ["+".join(sorted(n)) for n in names]
 
@@ -222,17 +224,27 @@ def _run(args: argparse.Namespace, recorder: Recorder) -> None:
             continue
         print(f"  static, class 1 {second:>4} large pages: {_line(static[second])}", flush=True)
     rows = [_compare(phase, dynamic, static, usable, recorder) for phase in PHASES]
-    header = ["phase", "two-level preemptions", "its simulated s", "best static preemptions",
-              "its split (class 0 / 1 large pages)", "its simulated s", "two-level over best",
-              "best static at most as slow: preemptions (split)"]
+    header = [
+        "phase",
+        "two-level preemptions",
+        "its simulated s",
+        "best static preemptions",
+        "its split (class 0 / 1 large pages)",
+        "its simulated s",
+        "two-level over best",
+        "best static at most as slow: preemptions (split)",
+    ]
     recorder.tables["phases"] = table(
         f"{args.model} in {args.memory}: preemptions per phase", header, rows
     )
     recorder.data["static"] = {
         str(k): {"preemptions": v.preemptions, "seconds": v.seconds} for k, v in static.items()
     }
-    recorder.data["dynamic"] = {"preemptions": dynamic.preemptions, "seconds": dynamic.seconds,
-                                "first preemption": dynamic.first_preemption}
+    recorder.data["dynamic"] = {
+        "preemptions": dynamic.preemptions,
+        "seconds": dynamic.seconds,
+        "first preemption": dynamic.first_preemption,
+    }
     print("  " + " | ".join(header))
     for row in rows:
         print("  " + " | ".join(str(cell) for cell in row))
@@ -249,8 +261,10 @@ def _run(args: argparse.Namespace, recorder: Recorder) -> None:
 def _print_snapshot(snapshot: dict[str, Any] | None) -> None:
     if snapshot is None:
         return
-    print(f"  two-level pool at its first preemption ({snapshot['running']} running, "
-          f"{snapshot['free large pages']} free large pages):")
+    print(
+        f"  two-level pool at its first preemption ({snapshot['running']} running, "
+        f"{snapshot['free large pages']} free large pages):"
+    )
     for key, value in snapshot.items():
         if key.startswith("class"):
             print(f"    {key}: " + ", ".join(f"{k} {v}" for k, v in value.items()))
@@ -265,6 +279,7 @@ def _compare(
     than the two-level pool (a split can avoid preemptions by running fewer
     requests at once).
     """
+
     def best_of(splits: list[int]) -> int:
         return min(splits, key=lambda s: (static[s].preemptions[phase], static[s].seconds[phase]))
 
@@ -275,12 +290,20 @@ def _compare(
     if over is not None:
         recorder.figure(f"over.{phase.replace(' ', '-')}", percent(over))
     fast = [s for s in static if static[s].seconds[phase] <= dynamic.seconds[phase]]
-    fair = f"{static[best_of(fast)].preemptions[phase]} ({usable - best_of(fast)} / " \
-        f"{best_of(fast)})" if fast else "none"
+    fair = (
+        f"{static[best_of(fast)].preemptions[phase]} ({usable - best_of(fast)} / {best_of(fast)})"
+        if fast
+        else "none"
+    )
     return [
-        phase, ours, f"{dynamic.seconds[phase]:.1f}", least, f"{usable - best} / {best}",
+        phase,
+        ours,
+        f"{dynamic.seconds[phase]:.1f}",
+        least,
+        f"{usable - best} / {best}",
         f"{static[best].seconds[phase]:.1f}",
-        percent(over) if over is not None else ("none either" if not ours else "n/a"), fair,
+        percent(over) if over is not None else ("none either" if not ours else "n/a"),
+        fair,
     ]
 
 
@@ -288,6 +311,7 @@ def _line(outcome: Outcome) -> str:
     return ", ".join(
         f"{phase} {outcome.preemptions[phase]} ({outcome.seconds[phase]:.1f} s)" for phase in PHASES
     )
+
 
 if __name__ == "__main__":
     sys.exit(main())

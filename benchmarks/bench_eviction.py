@@ -259,8 +259,11 @@ def sweep_record(
         for key, title, trace, _, sizes, _ in SWEEPS:
             rows = []
             for size in sizes:
-                hit = {p: 100 * cells[key, size, p]["hit_rate"]
-                       for p in POLICIES if (key, size, p) in cells}
+                hit = {
+                    p: 100 * cells[key, size, p]["hit_rate"]
+                    for p in POLICIES
+                    if (key, size, p) in cells
+                }
                 for policy, rate in hit.items():
                     figures[f"{prefix}hit.{key}.{size}.{policy}"] = f"{rate:.2f} %"
                 if (key, size, "lru") in cells:
@@ -275,15 +278,20 @@ def sweep_record(
                 figures[f"{prefix}gap.{key}.{size}"] = shown
                 if len(hit) < len(POLICIES):
                     continue
-                rows.append([
-                    f"{size} ({cells[key, size, 'lru']['num_blocks']:,} blocks)",
-                    *[f"{hit[p]:.2f}" for p in POLICIES], f"{ceiling:.2f}", f"{best}: {shown}",
-                ])
+                rows.append(
+                    [
+                        f"{size} ({cells[key, size, 'lru']['num_blocks']:,} blocks)",
+                        *[f"{hit[p]:.2f}" for p in POLICIES],
+                        f"{ceiling:.2f}",
+                        f"{best}: {shown}",
+                    ]
+                )
             if rows and not prefix:
                 shortened = limit is not None and trace is not None
                 tables[key] = table(
                     title + (f" (first {limit:,} requests)" if shortened else ""),
-                    ["memory", *POLICIES, "ceiling", "best online: gap closed"], rows,
+                    ["memory", *POLICIES, "ceiling", "best online: gap closed"],
+                    rows,
                 )
     return tables, figures
 
@@ -483,8 +491,16 @@ def timing_record(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], dict[
             figures[key] = f"{median:.{digits}f} µs"
             figures[f"{key}.vs"] = f"{versus:.2f}×"
         body.append(cells)
-    header = ["workload (load average)", "policy", "decode call (µs)", "vs lru",
-              "decode step (µs)", "vs lru", "any step (µs)", "vs lru"]
+    header = [
+        "workload (load average)",
+        "policy",
+        "decode call (µs)",
+        "vs lru",
+        "decode step (µs)",
+        "vs lru",
+        "any step (µs)",
+        "vs lru",
+    ]
     title = f"Manager time (median of {rounds} lockstep rounds, lowest–highest)"
     return table(title, header, body), figures
 
@@ -502,7 +518,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         "--results", type=Path, default=REPO / "benchmarks" / "eviction-results.json"
     )
     parser.add_argument(
-        "--record", action="store_true",
+        "--record",
+        action="store_true",
         help="write benchmarks/results/eviction-sweep.json (and eviction-timing.json "
         "unless --no-timing)",
     )
@@ -534,11 +551,17 @@ def main(argv: Iterable[str] | None = None) -> int:
         # the sweep: their date and commit are those that stored them.
         unchanged = json.dumps(results, sort_keys=True) == before
         write_record(
-            "eviction-sweep", figures=figures, tables=tables,
+            "eviction-sweep",
+            figures=figures,
+            tables=tables,
             command="python benchmarks/bench_eviction.py --limit 1000 --jobs 2 --no-timing "
             "--record --plot docs/_static/eviction.png",
-            provenance={**last_change(args.results), "load": "load not recorded (the hit rates "
-                        "do not depend on it)"} if unchanged else None,
+            provenance={
+                **last_change(args.results),
+                "load": "load not recorded (the hit rates do not depend on it)",
+            }
+            if unchanged
+            else None,
         )
     if not args.no_timing:
         start()
@@ -546,7 +569,9 @@ def main(argv: Iterable[str] | None = None) -> int:
         timing_table, timing_figures = timing_record(run_timing(args))
         if args.record:
             write_record(
-                "eviction-timing", figures=timing_figures, tables={"timing": timing_table},
+                "eviction-timing",
+                figures=timing_figures,
+                tables={"timing": timing_table},
                 command=f"python benchmarks/bench_eviction.py --no-sweep --repeats "
                 f"{args.repeats} --record",
             )

@@ -31,8 +31,10 @@ from kvcore._cli.main import main as kvcore_main
 
 #: model -> (memory per engine, routers compared)
 MODELS = {
-    "gpt-oss-20b": ("48GiB", ("prefix", "prefix, all alike", "round_robin", "least_loaded",
-                              "random")),
+    "gpt-oss-20b": (
+        "48GiB",
+        ("prefix", "prefix, all alike", "round_robin", "least_loaded", "random"),
+    ),
     "jamba-v0.1": ("80GiB", ("prefix", "prefix, all alike", "round_robin")),
 }
 FLEET_SIZES = (4, 8, 16)
@@ -41,10 +43,25 @@ LIMIT = 4000
 
 def run_cell(model: str, memory: str, engines: int, router: str, limit: int) -> dict[str, Any]:
     """One fleet simulation's JSON report."""
-    argv = ["simulate", model, "--trace", str(CONVERSATION_TRACE), "--limit", str(limit),
-            "--memory", memory, "--engines", str(engines),
-            "--router", router.split(",")[0], "--time-scale", str(engines / 2), "--json",
-            "--pool", "shared"]  # as recorded: jamba-v0.1's 80-token blocks
+    argv = [
+        "simulate",
+        model,
+        "--trace",
+        str(CONVERSATION_TRACE),
+        "--limit",
+        str(limit),
+        "--memory",
+        memory,
+        "--engines",
+        str(engines),
+        "--router",
+        router.split(",")[0],
+        "--time-scale",
+        str(engines / 2),
+        "--json",
+        "--pool",
+        "shared",
+    ]  # as recorded: jamba-v0.1's 80-token blocks
     if router.endswith("all alike"):
         argv += ["--scoring", "all-alike"]
     out = io.StringIO()
@@ -61,22 +78,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--engines", type=int, nargs="+", default=list(FLEET_SIZES))
     parser.add_argument("--limit", type=int, default=LIMIT)
-    parser.add_argument("--record", action="store_true",
-                        help="write benchmarks/results/fleet-routing.json")
+    parser.add_argument(
+        "--record", action="store_true", help="write benchmarks/results/fleet-routing.json"
+    )
     args = parser.parse_args(argv)
     recorder = Recorder("fleet-routing", enabled=args.record)
     for model in args.models:
         memory, routers = MODELS[model]
         rows = []
         for engines in args.engines:
-            reports = {router: run_cell(model, memory, engines, router, args.limit)
-                       for router in routers}
+            reports = {
+                router: run_cell(model, memory, engines, router, args.limit) for router in routers
+            }
             base = reports["round_robin"]["hit_rate"]
             for router, report in reports.items():
                 key = f"{model}.{engines}.{router.replace(', ', '-').replace(' ', '-')}"
-                cells = [str(engines), router, percent(report["hit_rate"]),
-                         f"{report['hit_rate'] / base:.2f}", f"{report['imbalance']:.2f}",
-                         str(report["preemptions"])]
+                cells = [
+                    str(engines),
+                    router,
+                    percent(report["hit_rate"]),
+                    f"{report['hit_rate'] / base:.2f}",
+                    f"{report['imbalance']:.2f}",
+                    str(report["preemptions"]),
+                ]
                 print("  ".join(cells), flush=True)
                 rows.append(cells)
                 recorder.figure(f"{key}.hit", percent(report["hit_rate"]))
@@ -84,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                 recorder.figure(f"{key}.imbalance", f"{report['imbalance']:.2f}")
                 recorder.data[key] = report
         recorder.tables[model] = table(
-            model, ["engines", "router", "hit rate", "× round robin", "imbalance",
-                    "preemptions"], rows,
+            model,
+            ["engines", "router", "hit rate", "× round robin", "imbalance", "preemptions"],
+            rows,
         )
     recorder.write()
     return 0

@@ -60,15 +60,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--limit", type=positive_int, default=2000, help="built-in workload requests"
     )
     parser.add_argument("--rounds", type=positive_int, default=2)
-    parser.add_argument("--record", action="store_true",
-                        help="write benchmarks/results/two-level-step.json")
+    parser.add_argument(
+        "--record", action="store_true", help="write benchmarks/results/two-level-step.json"
+    )
     args = parser.parse_args(argv)
     recorder = Recorder("two-level-step", enabled=args.record)
     workload = load_workload(None, limit=args.limit)
     rows = []
     with recorder.section("table"):
-        print(f"built-in workload ({args.limit} requests), {args.memory}, "
-              f"{args.rounds} lockstep rounds, medians; µs in kvcore")
+        print(
+            f"built-in workload ({args.limit} requests), {args.memory}, "
+            f"{args.rounds} lockstep rounds, medians; µs in kvcore"
+        )
         print(f"{'model':16} {'pool':10} {'decode step':>12} {'step':>8} {'x shared':>9}")
         for model in (name for name in args.models.split(",") if name):
             reports = measure(workload, model, args.memory, args.rounds)
@@ -81,8 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 recorder.figure(f"{key}.decode_step", f"{decode:.1f} µs")
                 recorder.figure(f"{key}.step", f"{step:.1f} µs")
                 recorder.figure(f"{key}.ratio", ratio(decode / base))
-                rows.append([model, pool, f"{decode:.1f} µs", f"{step:.1f} µs",
-                             ratio(decode / base)])
+                rows.append(
+                    [model, pool, f"{decode:.1f} µs", f"{step:.1f} µs", ratio(decode / base)]
+                )
     recorder.tables["steps"] = table(
         "kvcore's time per step, two-level and shared pool",
         ["model", "pool", "per decode step", "per step", "decode step vs shared"],

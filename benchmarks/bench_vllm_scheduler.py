@@ -126,8 +126,9 @@ def mirror_cost(
     return {"calls": spent[1], "sync_s": spent[0], "step_s": sum(times[0])}
 
 
-def measure(lockstep: Any, schedulers: tuple[Any, Any], args: argparse.Namespace,
-            config: str) -> dict[str, Any]:
+def measure(
+    lockstep: Any, schedulers: tuple[Any, Any], args: argparse.Namespace, config: str
+) -> dict[str, Any]:
     """One setup: both schedulers in lockstep, then kvcore alone with the mirror timed.
 
     Returns the steps, preemptions, each scheduler's total and median step time
@@ -210,18 +211,30 @@ def record(recorder: Recorder, results: list[dict[str, Any]]) -> None:
         for key, text in cells.items():
             recorder.figure(f"{config}.{key}", text)
         recorder.tables[config] = table(
-            f"{config}: step time", ["scheduler", "total", "median step"],
-            [["vLLM 0.14 (stock)", cells["stock-total"], cells["stock-median"]],
-             ["vLLM 0.14 on kvcore", cells["kvcore-total"], cells["kvcore-median"]],
-             ["kvcore / stock", cells["ratio-total"], cells["ratio-median"]]],
+            f"{config}: step time",
+            ["scheduler", "total", "median step"],
+            [
+                ["vLLM 0.14 (stock)", cells["stock-total"], cells["stock-median"]],
+                ["vLLM 0.14 on kvcore", cells["kvcore-total"], cells["kvcore-median"]],
+                ["kvcore / stock", cells["ratio-total"], cells["ratio-median"]],
+            ],
         )
-        rows.append([config, cells["steps"], cells["preemptions"], cells["ratio-total"],
-                     cells["ratio-median"], cells["mirror-share"]])
+        rows.append(
+            [
+                config,
+                cells["steps"],
+                cells["preemptions"],
+                cells["ratio-total"],
+                cells["ratio-median"],
+                cells["mirror-share"],
+            ]
+        )
         recorder.data[config] = result
     recorder.figure("mirror-share", span(min(shares) * 100, max(shares) * 100, "{:.1f}", " %"))
     recorder.tables["setups"] = table(
         "kvcore / stock, per setup",
-        ["setup", "steps", "preemptions", "total", "median step", "mirror share"], rows,
+        ["setup", "steps", "preemptions", "total", "median step", "mirror share"],
+        rows,
     )
 
 
@@ -230,11 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=positive_int, default=500)
     parser.add_argument("--blocks", type=positive_int, default=16384)
     parser.add_argument(
-        "--config", choices=CONFIGS, nargs="+", default=["full"],
+        "--config",
+        choices=CONFIGS,
+        nargs="+",
+        default=["full"],
         help="one or more setups, measured one after the other (default: full)",
     )
     parser.add_argument(
-        "--record", action="store_true",
+        "--record",
+        action="store_true",
         help=f"write benchmarks/results/{RECORD}.json (every setup measured)",
     )
     args = parser.parse_args(argv)

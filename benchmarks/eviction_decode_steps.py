@@ -101,8 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--limit", type=positive_int, default=2000, help="built-in workload requests"
     )
     parser.add_argument("--rounds", type=positive_int, default=2)
-    parser.add_argument("--record", action="store_true",
-                        help="write benchmarks/results/eviction-decode-steps-MEMORY.json")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write benchmarks/results/eviction-decode-steps-MEMORY.json",
+    )
     args = parser.parse_args(argv)
     recorder = Recorder(f"eviction-decode-steps-{args.memory}", enabled=args.record)
     policies = [policy for policy in args.policies.split(",") if policy]

@@ -132,8 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", choices=("conversation", "synthetic"), default="conversation")
     parser.add_argument("--capacity", default="1200,5000,20000", help="chunks, comma-separated")
-    parser.add_argument("--record", action="store_true",
-                        help="write benchmarks/results/eviction-headroom.json")
+    parser.add_argument(
+        "--record", action="store_true", help="write benchmarks/results/eviction-headroom.json"
+    )
     args = parser.parse_args(argv)
     recorder = Recorder("eviction-headroom", enabled=args.record)
     path = DATA / "mooncake" / f"mooncake_{args.trace}_trace.jsonl"

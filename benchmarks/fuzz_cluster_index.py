@@ -464,8 +464,7 @@ def summary(result: dict[str, Any]) -> str:
     )
 
 
-def record(recorder: Recorder, runs: list[dict[str, Any]],
-           largest: list[dict[str, float]]) -> None:
+def record(recorder: Recorder, runs: list[dict[str, Any]], largest: list[dict[str, float]]) -> None:
     """The record's figures and table, from every fuzz run and round of the largest batches.
 
     ``fuzz.*``: over all runs, ``batches``, ``crashes``, ``divergences``,
@@ -492,27 +491,43 @@ def record(recorder: Recorder, runs: list[dict[str, Any]],
             rows.append([batch, hashes, span(min(one), max(one), "{:.1f}", " ms")])
     recorder.tables["largest"] = table(
         f"Redis time of the largest batches, {len(largest)} rounds",
-        ["batch (16,384 hashes)", "hashes", "Redis time"], rows,
+        ["batch (16,384 hashes)", "hashes", "Redis time"],
+        rows,
     )
     recorder.data.update(runs=runs, largest_batches_ms=largest)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=positive_int, default=1_000_000,
-                        help="batches per run (one run per --hash)")
+    parser.add_argument(
+        "--batches",
+        type=positive_int,
+        default=1_000_000,
+        help="batches per run (one run per --hash)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the first run's seed (then +1)")
-    parser.add_argument("--hash", choices=HASHES, nargs="+", default=["fast"],
-                        help="one run per hash, one after the other")
-    parser.add_argument("--largest-rounds", type=positive_int, default=4, metavar="N",
-                        help="rounds of the largest batches (each: both kinds of hash)")
+    parser.add_argument(
+        "--hash",
+        choices=HASHES,
+        nargs="+",
+        default=["fast"],
+        help="one run per hash, one after the other",
+    )
+    parser.add_argument(
+        "--largest-rounds",
+        type=positive_int,
+        default=4,
+        metavar="N",
+        help="rounds of the largest batches (each: both kinds of hash)",
+    )
     parser.add_argument("--redis", metavar="URL")
     parser.add_argument("--check-every", type=positive_int, default=10, metavar="STEPS")
     parser.add_argument("--fresh-every", type=positive_int, default=5_000, metavar="STEPS")
     parser.add_argument("--stop", action="store_true", help="stop at the first problem")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--record", action="store_true",
-                        help=f"write benchmarks/results/{RECORD}.json")
+    parser.add_argument(
+        "--record", action="store_true", help=f"write benchmarks/results/{RECORD}.json"
+    )
     args = parser.parse_args(argv)
     # Refusals are the point here: the index's warnings about them are not news.
     logging.getLogger("kvcore.cluster").setLevel(logging.ERROR)

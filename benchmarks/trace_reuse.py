@@ -66,17 +66,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", type=Path, default=CONVERSATION_TRACE)
     parser.add_argument("--limit", type=int, help="the first N requests only")
-    parser.add_argument("--record", action="store_true",
-                        help="write benchmarks/results/trace-reuse[-LIMIT].json")
+    parser.add_argument(
+        "--record", action="store_true", help="write benchmarks/results/trace-reuse[-LIMIT].json"
+    )
     args = parser.parse_args(argv)
     name = "trace-reuse" + (f"-{args.limit}" if args.limit else "")
     recorder = Recorder(name, enabled=args.record)
     found = reuse(args.trace, args.limit)
-    print(f"{args.trace.name}: {found['requests']:,} requests, {found['chunks']:,} distinct "
-          f"chunks, {percent(found['used_once'], 0)} used once; {found['reuses']:,} reuses, "
-          f"gap between two uses: median {found['gap_median']:.0f} s, quartiles "
-          f"{found['gap_q1']:.0f}–{found['gap_q3']:.0f} s, 10 % within {found['gap_p10']:.0f} "
-          f"s, 10 % after {found['gap_p90']:.0f} s")
+    print(
+        f"{args.trace.name}: {found['requests']:,} requests, {found['chunks']:,} distinct "
+        f"chunks, {percent(found['used_once'], 0)} used once; {found['reuses']:,} reuses, "
+        f"gap between two uses: median {found['gap_median']:.0f} s, quartiles "
+        f"{found['gap_q1']:.0f}–{found['gap_q3']:.0f} s, 10 % within {found['gap_p10']:.0f} "
+        f"s, 10 % after {found['gap_p90']:.0f} s"
+    )
     recorder.figure("used-once", percent(found["used_once"], 0))
     for key in ("gap_p10", "gap_q1", "gap_median", "gap_q3", "gap_p90"):
         recorder.figure(key.replace("_", "-"), f"{found[key]:.0f} s")

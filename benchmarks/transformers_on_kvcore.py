@@ -97,7 +97,10 @@ def memory_bytes(name: str, prompt_len: int, new: int) -> dict[str, int]:
     model = tiny_model(name, dtype=torch.float32)
     prompt = torch.randint(0, 128, (prompt_len,), generator=torch.Generator().manual_seed(0))
     out = model.generate(
-        prompt[None], max_new_tokens=new, min_new_tokens=new, do_sample=False,
+        prompt[None],
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=False,
         return_dict_in_generate=True,
     )
     paged = PagedModelCache.for_model(
@@ -123,8 +126,12 @@ def memory_bytes(name: str, prompt_len: int, new: int) -> dict[str, int]:
 def memory_cells(label: str, held: dict[str, int]) -> list[str]:
     """A row of the memory table: KiB held, then the others' bytes over kvcore's."""
     kib = [f"{held[key] / 1024:.1f}" for key in ("kvcore", "default", "keep_all")]
-    return [label, *kib, ratio(held["default"] / held["kvcore"]),
-            ratio(held["keep_all"] / held["kvcore"])]
+    return [
+        label,
+        *kib,
+        ratio(held["default"] / held["kvcore"]),
+        ratio(held["keep_all"] / held["kvcore"]),
+    ]
 
 
 def time_once(fn: Callable[[], object]) -> float:
@@ -159,7 +166,10 @@ def speed_measurement(
     goes first.
     """
     paged = PagedModelCache.for_model(
-        model, memory="64MiB", block_size=BLOCK_SIZE, max_num_batched_tokens=256,
+        model,
+        memory="64MiB",
+        block_size=BLOCK_SIZE,
+        max_num_batched_tokens=256,
         enable_caching=False,
     )
 
@@ -194,9 +204,14 @@ def speed_cells(label: str, batch: int, new: int, measured: dict[str, Any]) -> l
     tokens = batch * new
     ours, theirs = measured["kvcore"], measured["transformers"]
     speedup = statistics.median(theirs["seconds"]) / statistics.median(ours["seconds"])
-    return [label, str(batch), rate_cell(tokens, ours["seconds"]),
-            rate_cell(tokens, theirs["seconds"]), ratio(speedup),
-            f"{ours['forwards']} / {theirs['forwards']}"]
+    return [
+        label,
+        str(batch),
+        rate_cell(tokens, ours["seconds"]),
+        rate_cell(tokens, theirs["seconds"]),
+        ratio(speedup),
+        f"{ours['forwards']} / {theirs['forwards']}",
+    ]
 
 
 def print_table(recorded: dict[str, Any]) -> None:
@@ -209,10 +224,22 @@ def print_table(recorded: dict[str, Any]) -> None:
         print("  ".join(cells).rstrip())
 
 
-MEMORY_HEADER = ("model", "kvcore (KiB)", "default cache (KiB)", "keep-all paged (KiB)",
-                 "default / kvcore", "keep-all / kvcore")
-SPEED_HEADER = ("model", "batch", "kvcore generate", "model.generate", "ratio",
-                "forwards (kvcore / transformers)")
+MEMORY_HEADER = (
+    "model",
+    "kvcore (KiB)",
+    "default cache (KiB)",
+    "keep-all paged (KiB)",
+    "default / kvcore",
+    "keep-all / kvcore",
+)
+SPEED_HEADER = (
+    "model",
+    "batch",
+    "kvcore generate",
+    "model.generate",
+    "ratio",
+    "forwards (kvcore / transformers)",
+)
 
 
 def measure_memory(args: argparse.Namespace, recorder: Recorder) -> None:
@@ -224,8 +251,10 @@ def measure_memory(args: argparse.Namespace, recorder: Recorder) -> None:
         rows.append(memory_cells(label, held))
         recorder.figure(f"memory.{name}.default", rows[-1][4])
         recorder.figure(f"memory.{name}.keep-all", rows[-1][5])
-    title = (f"Memory held by one request of {args.prompt} + {args.new} tokens at its last"
-             " step (float32)")
+    title = (
+        f"Memory held by one request of {args.prompt} + {args.new} tokens at its last"
+        " step (float32)"
+    )
     recorder.tables["memory"] = table(title, MEMORY_HEADER, rows)
     print_table(recorder.tables["memory"])
 
@@ -244,8 +273,10 @@ def measure_speed(args: argparse.Namespace, recorder: Recorder) -> None:
             recorder.data.setdefault("speed", {})[f"{name}.{batch}"] = measured
             rows.append(speed_cells(label, batch, args.new, measured))
             recorder.figure(f"speed.{name}.{batch}", rows[-1][4])
-    title = (f"Generated tokens per second, {args.prompt}-token prompts, {args.new} new"
-             f" tokens: median (min–max) of {args.rounds} rounds")
+    title = (
+        f"Generated tokens per second, {args.prompt}-token prompts, {args.new} new"
+        f" tokens: median (min–max) of {args.rounds} rounds"
+    )
     recorder.tables["speed"] = table(title, SPEED_HEADER, rows)
     print_table(recorder.tables["speed"])
 
@@ -256,7 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new", type=positive_int, default=32, help="generated tokens")
     parser.add_argument("--rounds", type=positive_int, default=3, help="timed rounds")
     parser.add_argument(
-        "--record", action="store_true",
+        "--record",
+        action="store_true",
         help="write benchmarks/results/transformers-on-kvcore.json",
     )
     args = parser.parse_args(argv)

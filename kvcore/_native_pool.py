@@ -49,9 +49,7 @@ __all__ = ["MAX_NATIVE_GROUPS", "NativeBlockPool", "native_gap"]
 MAX_NATIVE_GROUPS: Final = 256
 
 
-def native_gap(
-    eviction: str | EvictionPolicyFactory | QueueFactory, num_groups: int
-) -> str | None:
+def native_gap(eviction: str | EvictionPolicyFactory | QueueFactory, num_groups: int) -> str | None:
     """Why a shared pool with this policy and group count needs the Python backend, or ``None``.
 
     Raises:

@@ -126,10 +126,7 @@ def _check_pool_tables(
             )
             raise AssertionError(msg)
     if pool.num_in_use != len(holders) + len(reserved):
-        msg = (
-            f"{pool.num_in_use} blocks in use, but held {len(holders)} + reserved "
-            f"{len(reserved)}"
-        )
+        msg = f"{pool.num_in_use} blocks in use, but held {len(holders)} + reserved {len(reserved)}"
         raise AssertionError(msg)
 
 
@@ -364,8 +361,7 @@ class RandomWorkload:
         taken = manager.block_pool.num_in_use - in_use_before
         if taken != sum(demand):
             msg = (
-                f"allocation of {request.request_id!r} predicted {sum(demand)} blocks, "
-                f"took {taken}"
+                f"allocation of {request.request_id!r} predicted {sum(demand)} blocks, took {taken}"
             )
             raise AssertionError(msg)
         return True

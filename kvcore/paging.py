@@ -390,4 +390,3 @@ def layer_groups(
                 raise InvalidConfigError(msg)
             groups[target + name.removeprefix(prefix)] = group_id
     return groups
-

@@ -245,7 +245,5 @@ def test_the_length_check_counts_code_not_the_docstring(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(85))
     doc = '    """' + "\n" * 100 + '    """'
     short = "\n".join(f"    y{i} = {i}" for i in range(70))
-    (tmp_path / "long.py").write_text(
-        f"def long():\n{body}\n\ndef documented():\n{doc}\n{short}\n"
-    )
+    (tmp_path / "long.py").write_text(f"def long():\n{body}\n\ndef documented():\n{doc}\n{short}\n")
     assert long_functions(tmp_path, MAX_FUNCTION_LINES, tmp_path) == ["long.py:1 long: 86 lines"]

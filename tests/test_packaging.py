@@ -62,8 +62,7 @@ def test_the_changelog_renders_code_emphasis_and_escapes_the_rest():
     tool = changelog_tool()
     assert tool.inline("a `x_y`s, *em* (`p`) q_ r|s") == r"a ``x_y``\ s, *em* (``p``) q\_ r\|s"
     rst = tool.to_rst("# Changelog\n\nintro\n\n## 1.0\n\n### Added\n\n- one\n  two\n- three\n")
-    assert rst == ["", "1.0", "===", "", "", "Added", "-----", "", "- one two", "",
-                   "- three", ""]
+    assert rst == ["", "1.0", "===", "", "", "Added", "-----", "", "- one two", "", "- three", ""]
 
 
 @pytest.mark.parametrize("line", ["- see [the docs](x)", "- **bold**", "| a | b |", "#### h4"])

@@ -133,19 +133,31 @@ def two_level_tensors(
         blocks = num_large_pages * classes.pages_per_large_page(klass)
         if classes.layout == "layer_outer":
             for first, _, names in _consecutive_runs(group):
-                tensors.append(KVCacheTensor(
-                    size=size, layers=names, layer_stride=run_bytes, block_stride=page,
-                    offset=first * run_bytes, num_blocks=blocks,
-                ))
+                tensors.append(
+                    KVCacheTensor(
+                        size=size,
+                        layers=names,
+                        layer_stride=run_bytes,
+                        block_stride=page,
+                        offset=first * run_bytes,
+                        num_blocks=blocks,
+                    )
+                )
             continue
         by_spec: dict[KVCacheSpec, list[str]] = {}
         for name, spec in group.items():
             by_spec.setdefault(spec, []).append(name)
         used = 0  # bytes of the small page taken by the group's earlier layers
         for spec, names in by_spec.items():
-            tensors.append(KVCacheTensor(
-                size=size, layers=names, layer_stride=spec.page_size_bytes, block_stride=page,
-                offset=used, num_blocks=blocks,
-            ))
+            tensors.append(
+                KVCacheTensor(
+                    size=size,
+                    layers=names,
+                    layer_stride=spec.page_size_bytes,
+                    block_stride=page,
+                    offset=used,
+                    num_blocks=blocks,
+                )
+            )
             used += len(names) * spec.page_size_bytes
     return tensors

@@ -315,7 +315,10 @@ class _Planner:
         """The groups of the pool's design, each served by a selected plugin."""
         if self.pool == "shared":
             groups = get_kv_cache_groups(
-                self.specs, hybrid=self.hybrid, layout=self.layout, group_size_rule=rule,
+                self.specs,
+                hybrid=self.hybrid,
+                layout=self.layout,
+                group_size_rule=rule,
                 limits=limits,
             )
         else:
@@ -331,8 +334,9 @@ class _Planner:
         groups = self.groups(rule, limits)
         classes = page_classes(groups, self.layout) if self.pool != "shared" and groups else None
         if sized:
-            limits = _fitted(groups, self._available(groups, classes), limits, fit=self.fit,
-                             classes=classes)
+            limits = _fitted(
+                groups, self._available(groups, classes), limits, fit=self.fit, classes=classes
+            )
         if classes is None:
             config = get_kv_cache_config(
                 groups, self.memory_bytes, num_blocks=self.num_blocks, layout=self.layout
@@ -418,8 +422,9 @@ def _refused_grid(specs: Mapping[str, KVCacheSpec], registry: Registry) -> str |
     alignment = hash_and_alignment(distinct, cacheable)[1]
     for cls, spec in zip(classes, distinct, strict=True):
         try:
-            cls.validate_config(spec, enable_caching=True, use_eagle=False,
-                                alignment_tokens=alignment)
+            cls.validate_config(
+                spec, enable_caching=True, use_eagle=False, alignment_tokens=alignment
+            )
         except InvalidConfigError as exc:
             return str(exc)
     return None
@@ -541,10 +546,21 @@ def plan(
         options=options,
     )
     choice = _PoolPlan(
-        cfg=cfg, layer_specs=layer_specs, limits=limits, group_size_rule=group_size_rule,
-        mamba_checkpoint=mamba_checkpoint, block_size=block, fit=fit,
-        shared={"registry": registry, "memory_bytes": memory_bytes, "num_blocks": num_blocks,
-                "layout": layout, "hybrid": hybrid, "fit": fit},
+        cfg=cfg,
+        layer_specs=layer_specs,
+        limits=limits,
+        group_size_rule=group_size_rule,
+        mamba_checkpoint=mamba_checkpoint,
+        block_size=block,
+        fit=fit,
+        shared={
+            "registry": registry,
+            "memory_bytes": memory_bytes,
+            "num_blocks": num_blocks,
+            "layout": layout,
+            "hybrid": hybrid,
+            "fit": fit,
+        },
     )
     resolved = resolve_pool(pool, layer_specs)
     result = choice.plan(resolved)
@@ -592,11 +608,19 @@ class _PoolPlan:
     def plan(self, pool: ResolvedPool) -> KVCachePlan:
         """The plan for ``pool``, with its notes."""
         planner, checkpoint, refused = _planner(
-            self.cfg, self.layer_specs, pool=pool, mamba_checkpoint=self.mamba_checkpoint,
-            block_size=self.block_size, **self.shared,
+            self.cfg,
+            self.layer_specs,
+            pool=pool,
+            mamba_checkpoint=self.mamba_checkpoint,
+            block_size=self.block_size,
+            **self.shared,
         )
         return _finish(
-            planner, self.group_size_rule, self.limits, checkpoint=checkpoint, refused=refused,
+            planner,
+            self.group_size_rule,
+            self.limits,
+            checkpoint=checkpoint,
+            refused=refused,
             block_size=self.block_size,
         )
 
@@ -624,8 +648,14 @@ def _finish(
         )
     else:
         notes = two_level_notes(
-            layer_specs, groups, result.limits, model_max_len, checkpoint=checkpoint,
-            block_size=block_size, refused=refused, fitted=fit,
+            layer_specs,
+            groups,
+            result.limits,
+            model_max_len,
+            checkpoint=checkpoint,
+            block_size=block_size,
+            refused=refused,
+            fitted=fit,
         )
     return attrs.evolve(
         result,

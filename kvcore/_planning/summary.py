@@ -90,8 +90,10 @@ def _two_level_lines(plan: KVCachePlan) -> list[str]:
         if classes.lcm
         else "a multiple of the largest class page, smaller pages padded to divide it"
     )
-    lines = [f"page classes:    {classes.num_classes}, in large pages of "
-             f"{format_bytes(classes.large_page_bytes)}{runs} ({how})"]
+    lines = [
+        f"page classes:    {classes.num_classes}, in large pages of "
+        f"{format_bytes(classes.large_page_bytes)}{runs} ({how})"
+    ]
     for klass in range(classes.num_classes):
         groups = ", ".join(str(g) for g in classes.groups_of(klass))
         padding = classes.padding_bytes(klass)
@@ -128,14 +130,14 @@ def group_table(groups: Sequence[Any]) -> list[str]:
     a long cell (a page of several sizes, a long kind) widens its column
     instead of running into the next.
     """
-    header = ("group", "type", "layers", "which", "block", "page", "blocks/req",
-              "waste/block")
+    header = ("group", "type", "layers", "which", "block", "page", "blocks/req", "waste/block")
     rows = _group_rows(groups)
     minimum = (5, 24, 7, 22, 7, 12, 12, 13)
     left = {1, 3}  # type and which are left-aligned, numbers right-aligned
     widths = [
         max(minimum[i], *(len(row[i]) + (2 if i not in left else 1) for row in rows))
-        if rows else minimum[i]
+        if rows
+        else minimum[i]
         for i in range(len(header))
     ]
 

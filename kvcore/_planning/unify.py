@@ -162,10 +162,13 @@ def _all_tokens_hint(specs: Sequence[KVCacheSpec]) -> str:
     """A hint for a type that may keep every token but does not share the table key."""
     if not any(spec.uniform_type_key == ALL_TOKENS_KEY for spec in specs):
         return ""
-    apart = sorted({
-        type(spec).__qualname__ for spec in specs
-        if spec.promoted_to is None and spec.uniform_type_key != ALL_TOKENS_KEY
-    })
+    apart = sorted(
+        {
+            type(spec).__qualname__
+            for spec in specs
+            if spec.promoted_to is None and spec.uniform_type_key != ALL_TOKENS_KEY
+        }
+    )
     if not apart:
         return ""
     return (

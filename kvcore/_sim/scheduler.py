@@ -113,7 +113,6 @@ class _Step:
         self.budget -= num_new
 
 
-
 @attrs.frozen(kw_only=True)
 class SchedulerConfig:
     """Scheduler limits and the simulated step cost.

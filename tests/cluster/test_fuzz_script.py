@@ -14,18 +14,31 @@ SWAP = "8,192 removals + 8,192 stores, full engine"
 
 
 def _run(batches: int, apply_ms: float, query_ms: float, over: int, **counts: int) -> dict:
-    return {"batches": batches, "crashes": counts.get("crashes", 0),
-            "divergences": counts.get("divergences", 0), "longest_apply_ms": apply_ms,
-            "longest_query_ms": query_ms, "apply_calls_over_100_ms": over}
+    return {
+        "batches": batches,
+        "crashes": counts.get("crashes", 0),
+        "divergences": counts.get("divergences", 0),
+        "longest_apply_ms": apply_ms,
+        "longest_query_ms": query_ms,
+        "apply_calls_over_100_ms": over,
+    }
 
 
 def test_the_record_sums_the_runs_and_spans_the_largest_batches():
     runs = [_run(600, 6.3, 1.0, 0), _run(400, 2.0, 3.5, 1, crashes=2)]
     largest = [
-        {f"int: {STORES}": 11.2, f"int: {SWAP}": 23.0,
-         f"sha256: {STORES}": 18.4, f"sha256: {SWAP}": 42.3},
-        {f"int: {STORES}": 12.0, f"int: {SWAP}": 25.5,
-         f"sha256: {STORES}": 14.0, f"sha256: {SWAP}": 30.0},
+        {
+            f"int: {STORES}": 11.2,
+            f"int: {SWAP}": 23.0,
+            f"sha256: {STORES}": 18.4,
+            f"sha256: {SWAP}": 42.3,
+        },
+        {
+            f"int: {STORES}": 12.0,
+            f"int: {SWAP}": 25.5,
+            f"sha256: {STORES}": 14.0,
+            f"sha256: {SWAP}": 30.0,
+        },
     ]
     recorder = fuzz.Recorder("t", enabled=False)
     fuzz.record(recorder, runs, largest)
@@ -52,8 +65,20 @@ def test_the_record_sums_the_runs_and_spans_the_largest_batches():
 
 def test_a_short_run_records_what_it_printed(redis_server, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys.modules["_record"], "RESULTS", tmp_path)
-    argv = ["--batches", "300", "--seed", "5", "--hash", "fast", "sha256",
-            "--largest-rounds", "1", "--redis", redis_server.url, "--record"]
+    argv = [
+        "--batches",
+        "300",
+        "--seed",
+        "5",
+        "--hash",
+        "fast",
+        "sha256",
+        "--largest-rounds",
+        "1",
+        "--redis",
+        redis_server.url,
+        "--record",
+    ]
     assert fuzz.main(argv) == 0
     out = capsys.readouterr().out
     written = json.loads((tmp_path / "fuzz-cluster-index.json").read_text())
@@ -63,7 +88,9 @@ def test_a_short_run_records_what_it_printed(redis_server, tmp_path, monkeypatch
     assert figures["fuzz.crashes"] == figures["fuzz.divergences"] == "0"
     runs = written["data"]["runs"]
     assert [(r["hash"], r["seed"], r["batches"]) for r in runs] == [
-        ("fast", 5, 300), ("sha256", 6, 300)]
+        ("fast", 5, 300),
+        ("sha256", 6, 300),
+    ]
     longest = max(r["longest_apply_ms"] for r in runs)
     assert figures["fuzz.longest-batch"] == f"{longest:.1f} ms"
     times = written["data"]["largest_batches_ms"][0]

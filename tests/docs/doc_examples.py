@@ -102,9 +102,7 @@ def _where(node: nodes.Element, docname: str) -> str:
 def blocks(doctree: nodes.document, docname: str) -> list[Block]:
     """Every literal block and doctest block of a page, in page order."""
     found = []
-    for node in doctree.findall(
-        lambda n: isinstance(n, nodes.literal_block | nodes.doctest_block)
-    ):
+    for node in doctree.findall(lambda n: isinstance(n, nodes.literal_block | nodes.doctest_block)):
         if isinstance(node, nodes.doctest_block):
             language = "pycon"
         else:
@@ -135,8 +133,10 @@ def looks_like_code(text: str) -> str | None:
         tree = ast.parse(text)
     except SyntaxError:
         return None
-    if any(isinstance(n, ast.Call | ast.Import | ast.ImportFrom | ast.FunctionDef)
-           for n in ast.walk(tree)):
+    if any(
+        isinstance(n, ast.Call | ast.Import | ast.ImportFrom | ast.FunctionDef)
+        for n in ast.walk(tree)
+    ):
         return "Python"
     return None
 

@@ -24,8 +24,10 @@ WIDE = "x" * 200
 
 def page(folder: Path, name: str, body: str, style: str = "") -> Path:
     path = folder / name
-    path.write_text(f"<html><head>{HEAD}<style>{style}</style></head>"
-                    f"<body><article>{body}</article></body></html>")
+    path.write_text(
+        f"<html><head>{HEAD}<style>{style}</style></head>"
+        f"<body><article>{body}</article></body></html>"
+    )
     return path
 
 
@@ -45,7 +47,7 @@ def test_a_wide_block_must_scroll_with_a_cue(tmp_path: Path):
     page(tmp_path, "good.html", f"<pre style='overflow-x: auto; {AFFORDANCE}'>{WIDE}</pre>")
     status, out = run(tmp_path, "cut.html", "bare.html", "good.html")
     assert status == 1
-    assert "cut.html at 390 px: code block \"xxx" in out
+    assert 'cut.html at 390 px: code block "xxx' in out
     assert "is cut off" in out
     assert "bare.html at 1280 px: code block" in out
     assert "no scroll affordance" in out
@@ -55,8 +57,12 @@ def test_a_wide_block_must_scroll_with_a_cue(tmp_path: Path):
 def test_the_phone_width_is_real(tmp_path: Path):
     # 600 px fits a 1280 px laptop but not a 390 px phone; --window-size
     # would lay the phone out at 500 px and miss it.
-    page(tmp_path, "mid.html", "<pre style='overflow-x: hidden; width: 100%'>"
-         + "y" * 70 + "</pre>", "pre { font: 14px monospace; }")
+    page(
+        tmp_path,
+        "mid.html",
+        "<pre style='overflow-x: hidden; width: 100%'>" + "y" * 70 + "</pre>",
+        "pre { font: 14px monospace; }",
+    )
     status, out = run(tmp_path, "mid.html")
     assert status == 1
     assert "mid.html at 390 px" in out
@@ -65,9 +71,12 @@ def test_the_phone_width_is_real(tmp_path: Path):
 
 def test_a_page_wider_than_the_viewport_and_a_doubled_label_fail(tmp_path: Path):
     page(tmp_path, "wide.html", "<div style='width: 700px'>wide</div>")
-    page(tmp_path, "labels.html",
-         "<div class='output'><div class='highlight'><pre>42</pre></div></div>",
-         "div.output::before, div.output > div.highlight::before { content: 'output'; }")
+    page(
+        tmp_path,
+        "labels.html",
+        "<div class='output'><div class='highlight'><pre>42</pre></div></div>",
+        "div.output::before, div.output > div.highlight::before { content: 'output'; }",
+    )
     status, out = run(tmp_path, "wide.html", "labels.html", widths=(390,))
     assert status == 1
     assert "wide.html at 390 px: the page is" in out

@@ -50,8 +50,9 @@ def test_the_integration_guide_loop_is_one_of_the_blocks_run(built_docs: BuiltDo
 
 
 def block(text: str, language: str = "python", classes: tuple[str, ...] = ()) -> Block:
-    return Block(text=text, language=language, classes=classes, where="t.rst:1",
-                 from_docstring=False)
+    return Block(
+        text=text, language=language, classes=classes, where="t.rst:1", from_docstring=False
+    )
 
 
 def test_a_block_printing_something_else_fails(tmp_path: Path):

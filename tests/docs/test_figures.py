@@ -83,7 +83,5 @@ def test_a_missing_figure_names_what_the_record_has():
 def test_the_readme_states_no_measured_figure():
     # The README cannot render records: it points to the docs' pages instead.
     text = (REPO / "README.md").read_text()
-    prose = "\n".join(
-        part for index, part in enumerate(text.split("```")) if index % 2 == 0
-    )
+    prose = "\n".join(part for index, part in enumerate(text.split("```")) if index % 2 == 0)
     assert figures.figures_in(prose) == []

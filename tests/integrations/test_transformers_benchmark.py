@@ -21,8 +21,6 @@ TOKEN = 2 * 2 * 8 * 4  # bytes of one token of one layer
 BLOCK = 16 * TOKEN
 
 
-
-
 bench = load_benchmark("transformers_on_kvcore")
 
 

@@ -150,9 +150,14 @@ def test_the_group_table_widens_a_column_for_a_page_of_several_parts():
 
     def group(index: int, kind: str, pages: tuple[int, ...]) -> types.SimpleNamespace:
         return types.SimpleNamespace(
-            index=index, kind=kind, num_layers=2,
+            index=index,
+            kind=kind,
+            num_layers=2,
             layer_names=["model.layers.0.a", "model.layers.1.a"],
-            block_size=16, page_sizes=pages, pages_per_request=257, wasted_bytes_per_block=0,
+            block_size=16,
+            page_sizes=pages,
+            pages_per_request=257,
+            wasted_bytes_per_block=0,
         )
 
     groups = [group(0, "full_attention", (32768,)), group(1, "mla", (36864, 18432, 4608))]

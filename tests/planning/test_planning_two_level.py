@@ -155,8 +155,10 @@ def test_the_summary_shows_16_token_attention_blocks_and_the_page_classes():
         "null blocks"
     ) in lines
     assert "one request:     16435 blocks in 271 large pages, 6.67 GiB at 262144 tokens" in lines
-    assert "prefix hits:     multiples of 512 tokens (the lcm of the cached groups' block sizes)" \
+    assert (
+        "prefix hits:     multiples of 512 tokens (the lcm of the cached groups' block sizes)"
         in lines
+    )
     wasted = next(line for line in lines if line.startswith("wasted:"))
     assert wasted.startswith("wasted:          25.12 MiB (0.03% of the pool when every block")
     assert "reserved large page 25.12 MiB, class padding 0 B" in wasted
@@ -291,8 +293,7 @@ def test_the_mamba_checkpoint_sets_the_state_grid():
     assert {g.pages_per_request for g in p.groups if g.kind == "mamba"} == {9}
     assert p.hit_alignment == 1024
     assert p.notes == (
-        "recurrent states cached every 1024 tokens (mamba_checkpoint), not every attention "
-        "block",
+        "recurrent states cached every 1024 tokens (mamba_checkpoint), not every attention block",
     )
     custom = plan("jamba-v0.1", block_size=48)
     assert {g.block_size for g in custom.groups} == {48, 528}  # 512 rounded up to 11 × 48
@@ -302,15 +303,22 @@ def test_the_mamba_checkpoint_sets_the_state_grid():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"mamba_checkpoint": 100}, r"positive multiple of the attention block size \(16 tokens\)"
-         r": 16, 32, 48, \.\.\. \(default 512\); got 100"),
+        (
+            {"mamba_checkpoint": 100},
+            r"positive multiple of the attention block size \(16 tokens\)"
+            r": 16, 32, 48, \.\.\. \(default 512\); got 100",
+        ),
         ({"mamba_checkpoint": 0}, "positive multiple"),
         ({"mamba_checkpoint": "512"}, "positive multiple"),
-        ({"mamba_checkpoint": 512, "pool": "shared"},
-         r"under pool='shared' the cached states follow the attention block size, 80 tokens "
-         r"for jamba-v0.1; give 80 or leave mamba_checkpoint unset"),
-        ({"mamba_checkpoint": 512, "options": {"mamba.cache_mode": "none"}},
-         "no layer of jamba-v0.1 keeps recurrent states cached on a grid"),
+        (
+            {"mamba_checkpoint": 512, "pool": "shared"},
+            r"under pool='shared' the cached states follow the attention block size, 80 tokens "
+            r"for jamba-v0.1; give 80 or leave mamba_checkpoint unset",
+        ),
+        (
+            {"mamba_checkpoint": 512, "options": {"mamba.cache_mode": "none"}},
+            "no layer of jamba-v0.1 keeps recurrent states cached on a grid",
+        ),
         ({"pool": "two_level"}, "pool must be one of auto, shared, two-level, got 'two_level'"),
     ],
 )
@@ -468,8 +476,7 @@ def test_the_default_grid_gives_way_to_a_manager_that_refuses_it():
         "prefix caching on, ChunkedLocalAttentionManager needs cache hits aligned to its own "
         "block size (4 tokens)"
     )
-    given = kvcore.plan(path, block_size=4, memory="1MiB", registry=registry(),
-                        mamba_checkpoint=8)
+    given = kvcore.plan(path, block_size=4, memory="1MiB", registry=registry(), mamba_checkpoint=8)
     assert given.mamba_checkpoint == given.hit_alignment == 8
     with pytest.raises(InvalidConfigError, match="align hits to 8 tokens"):
         kvcore.KVCacheManager(given.kv_cache_config, given.max_model_len, registry=registry())

@@ -285,11 +285,19 @@ class RaisingAllocationManager(FullAttentionManager):
     ("spec_cls", "manager_cls", "rule", "detail"),
     [
         (NoSuperInit, FullAttentionManager, "page", "does not call super().__attrs_post_init__()"),
-        (FixedPage, FullAttentionManager, "page",
-         "page part 'scales' is 32 bytes at block_size=16 and 32 at block_size=32"),
+        (
+            FixedPage,
+            FullAttentionManager,
+            "page",
+            "page part 'scales' is 32 bytes at block_size=16 and 32 at block_size=32",
+        ),
         (RaisingHits, RaisingHitManager, "hit_search", "the plugin's code raised KeyError"),
-        (RaisingAllocation, RaisingAllocationManager, "workload",
-         "the plugin's code raised IndexError"),
+        (
+            RaisingAllocation,
+            RaisingAllocationManager,
+            "workload",
+            "the plugin's code raised IndexError",
+        ),
         (LongHits, LongHitManager, "hit_search", "the hit is"),
         (TooSteady, TooSteadyManager, "steady_until", "skipped a decode step"),
         (LeakingFirstBlock, LeakingManager, "workload", "but block 0 of its table is freed (null)"),

@@ -23,9 +23,14 @@ def test_a_record_holds_its_provenance_and_only_what_was_asked(
         print("b 2")
     recorder.figure("ratio", record.ratio(2.345))
     recorder.tables["t"] = record.table("T", ["x", "y"], [[1, 2]])
-    path = record.write_record("demo", figures=recorder.figures, tables=recorder.tables,
-                               outputs=recorder.outputs, command="python benchmarks/demo.py",
-                               results=tmp_path)
+    path = record.write_record(
+        "demo",
+        figures=recorder.figures,
+        tables=recorder.tables,
+        outputs=recorder.outputs,
+        command="python benchmarks/demo.py",
+        results=tmp_path,
+    )
     written = json.loads(path.read_text())
     assert written["command"] == "python benchmarks/demo.py"
     assert written["date"].endswith(" UTC")
@@ -75,10 +80,15 @@ def test_trace_reuse_counts_chunks_and_gaps_by_hand(tmp_path: Path):
 def test_the_simulation_figures_come_from_the_report():
     data = {
         "manager": {
-            "total_s": 2.2449, "per_step_p50_us": 28.9, "per_step_p99_us": 667.1,
-            "per_step_mean_us": 53.1, "per_decode_step_mean_us": 32.4,
-            "ops": {op: {"count": 0, "mean_us": 0.0, "p50_us": 0.0}
-                    for op in ("lookup", "admit", "prefill", "decode", "free")}
+            "total_s": 2.2449,
+            "per_step_p50_us": 28.9,
+            "per_step_p99_us": 667.1,
+            "per_step_mean_us": 53.1,
+            "per_decode_step_mean_us": 32.4,
+            "ops": {
+                op: {"count": 0, "mean_us": 0.0, "p50_us": 0.0}
+                for op in ("lookup", "admit", "prefill", "decode", "free")
+            }
             | {"decode": {"count": 5, "mean_us": 2.034, "p50_us": 0.64}},
         },
         "prefix_cache": {"hit_rate": 0.6313, "ceiling_rate": 0.6438, "fraction_of_ceiling": 0.98},
@@ -109,19 +119,29 @@ def test_the_vllm_scheduler_record_is_each_setup_and_the_mirror_share_range():
 
     def result(config: str, share_of: float) -> dict:
         # Stock 2 s and 400 µs a step, kvcore 1 s and 300 µs; the mirror 1,000 calls in 2 ms.
-        return {"config": config, "steps": 1234, "preemptions": 3, "total_s": [2.0, 1.0],
-                "median_s": [400e-6, 300e-6],
-                "mirror": {"calls": 1000, "sync_s": 0.002, "step_s": 0.002 / share_of}}
+        return {
+            "config": config,
+            "steps": 1234,
+            "preemptions": 3,
+            "total_s": [2.0, 1.0],
+            "median_s": [400e-6, 300e-6],
+            "mirror": {"calls": 1000, "sync_s": 0.002, "step_s": 0.002 / share_of},
+        }
 
     recorder = record.Recorder("t", enabled=False)
     bench.record(recorder, [result("full", 0.05), result("eagle", 0.06)])
     full = {k: v for k, v in recorder.figures.items() if k.startswith("full.")}
     assert full == {
-        "full.steps": "1,234", "full.preemptions": "3",
-        "full.stock-total": "2.00 s", "full.kvcore-total": "1.00 s",
-        "full.stock-median": "400.0 µs", "full.kvcore-median": "300.0 µs",
-        "full.ratio-total": "0.50×", "full.ratio-median": "0.75×",
-        "full.mirror-calls": "1,000", "full.mirror-call": "2.00 µs",  # 2 ms / 1,000
+        "full.steps": "1,234",
+        "full.preemptions": "3",
+        "full.stock-total": "2.00 s",
+        "full.kvcore-total": "1.00 s",
+        "full.stock-median": "400.0 µs",
+        "full.kvcore-median": "300.0 µs",
+        "full.ratio-total": "0.50×",
+        "full.ratio-median": "0.75×",
+        "full.mirror-calls": "1,000",
+        "full.mirror-call": "2.00 µs",  # 2 ms / 1,000
         "full.mirror-share": "5.0 %",
     }
     assert recorder.figures["mirror-share"] == "5.0–6.0 %"

@@ -120,9 +120,7 @@ class _Rows:
             num_blocks=num_blocks,
         )
 
-    def _addresses(
-        self, group_id: int, spans: Sequence[tuple[range, range]]
-    ) -> _Addresses:
+    def _addresses(self, group_id: int, spans: Sequence[tuple[range, range]]) -> _Addresses:
         """Addresses for rows writing ``spans[r][0]`` and reading ``spans[r][1]``."""
         block_size = self.paged.block_sizes[group_id]
         writes, reads, write_rows, read_rows, cols = [], [], [], [], []

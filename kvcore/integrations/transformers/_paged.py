@@ -114,9 +114,7 @@ class PagedModelCache:
         self.cross_layers: dict[int, LayerSlot] = {s.layer_idx: s for s in slots if s.cross}
         self.num_layers = max(self.self_layers, default=-1) + 1
         self.cross_group_ids = sorted({s.group_id for s in self.cross_layers.values()})
-        self.state_group_ids = sorted(
-            {s.group_id for s in self.self_layers.values() if s.state}
-        )
+        self.state_group_ids = sorted({s.group_id for s in self.self_layers.values() if s.state})
 
     @classmethod
     def for_model(

@@ -158,9 +158,7 @@ def _convert(
     return _build(classes, kind, converted)
 
 
-def _local_compute_spec(
-    spec: Any, classes: Mapping[str, type[KVCacheSpec]]
-) -> KVCacheSpec | None:
+def _local_compute_spec(spec: Any, classes: Mapping[str, type[KVCacheSpec]]) -> KVCacheSpec | None:
     fields = _attention(spec)
     if spec.sliding_window is not None:
         return _build(classes, "sliding_window", {**fields, "sliding_window": spec.sliding_window})

@@ -47,8 +47,9 @@ def test_bad_counts_are_refused_naming_the_argument(capsys):
     assert "argument --requests: must be an integer >= 1, got '0'" in capsys.readouterr().err
 
 
-def test_a_recorded_run_keeps_every_setup_it_printed(conversation_trace, tmp_path, monkeypatch,
-                                                     capsys):
+def test_a_recorded_run_keeps_every_setup_it_printed(
+    conversation_trace, tmp_path, monkeypatch, capsys
+):
     bench = load_benchmark()
     monkeypatch.setattr(sys.modules["_record"], "RESULTS", tmp_path)
     argv = ["--requests", "12", "--blocks", "1024", "--config", "full", "mamba", "--record"]
@@ -64,8 +65,11 @@ def test_a_recorded_run_keeps_every_setup_it_printed(conversation_trace, tmp_pat
         assert printed in out
         ratio = re.search(r"ratio kvcore / stock: total ([\d.]+)x, median step ([\d.]+)x", printed)
         assert ratio is not None, printed
-        figures = {k.split(".", 1)[1]: v for k, v in written["figures"].items()
-                   if k.startswith(f"{config}.")}
+        figures = {
+            k.split(".", 1)[1]: v
+            for k, v in written["figures"].items()
+            if k.startswith(f"{config}.")
+        }
         # The figures are the printed run's, as the page shows them.
         assert figures["ratio-total"] == f"{ratio[1]}×"
         assert figures["ratio-median"] == f"{ratio[2]}×"
@@ -74,7 +78,8 @@ def test_a_recorded_run_keeps_every_setup_it_printed(conversation_trace, tmp_pat
         assert row[1:5] == [steps[1], steps[2], f"{ratio[1]}×", f"{ratio[2]}×"]
         result = written["data"][config]
         assert result["total_s"][1] / result["total_s"][0] == pytest.approx(
-            float(ratio[1]), abs=0.005)
+            float(ratio[1]), abs=0.005
+        )
 
 
 def test_a_setup_named_twice_is_refused(capsys):
