@@ -114,21 +114,26 @@ class _Journaled(Protocol):
 class Transaction:
     """A ``with`` block whose pool changes are kept on success and undone on error.
 
-    Made by :meth:`BlockPool.transaction` (``pool`` is the block pool whose
-    changes it keeps or undoes). Entered while another transaction of the
-    same pool runs, it joins that one (the outer block decides).
+    Made once per pool (``pool`` is the block pool whose changes it keeps or
+    undoes) and handed out by :meth:`BlockPool.transaction` for every block,
+    so entering one allocates nothing. Entered again while it runs, or while
+    another transaction of the same pool runs, it joins that one: the
+    outermost block decides.
     """
 
-    __slots__ = ("_owner", "_pool")
+    __slots__ = ("_depth", "_owner", "_pool")
 
     def __init__(self, pool: object) -> None:
         # Typed loosely for the docs, which know no private protocol: both
         # kinds of block pool qualify.
         self._pool: _Journaled = pool  # type: ignore[assignment]
+        self._depth = 0
         self._owner = False
 
     def __enter__(self) -> Transaction:
-        self._owner = self._pool._begin()
+        if not self._depth:
+            self._owner = self._pool._begin()
+        self._depth += 1
         return self
 
     def __exit__(
@@ -137,11 +142,14 @@ class Transaction:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if self._owner:
-            if exc_type is None:
-                self._pool._commit()
-            else:
-                self._pool._rollback()
+        self._depth -= 1
+        if self._depth or not self._owner:
+            return
+        self._owner = False
+        if exc_type is None:
+            self._pool._commit()
+        else:
+            self._pool._rollback()
 
 
 class BlockPool:
@@ -186,6 +194,7 @@ class BlockPool:
         "_queue",
         "_ref",
         "_reserved",
+        "_transaction",
         "_undo_steps",
         "enable_caching",
         "enable_kv_cache_events",
@@ -248,6 +257,7 @@ class BlockPool:
         # The undo log of the running transaction, or None; _undo_steps is
         # the list every transaction reuses.
         self._undo_steps: UndoLog = []
+        self._transaction = Transaction(self)
         self._journal: UndoLog | None = None
         info = PoolInfo(
             num_blocks=num_blocks,
@@ -287,7 +297,7 @@ class BlockPool:
         block raises; the exception goes on. Inside a running transaction it
         joins that one.
         """
-        return Transaction(self)
+        return self._transaction
 
     def record(self, undo: Callable[..., None], *arguments: Any) -> None:
         """Add ``undo(*arguments)`` to the running transaction (no-op outside one).

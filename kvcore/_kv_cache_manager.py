@@ -706,7 +706,7 @@ class KVCacheManager:
 
     def _enter(self) -> None:
         """Hold the manager for this call, or refuse a call from a second thread."""
-        if not self._busy.acquire(blocking=False):
+        if not self._busy.acquire(False):  # positional: no keyword dict per call
             msg = (
                 "KVCacheManager was called from two threads at once; a manager is "
                 "single-threaded: call it from one scheduler thread (or serialise the "

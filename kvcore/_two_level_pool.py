@@ -339,6 +339,7 @@ class TwoLevelBlockPool:
         self.hash_block_size = hash_block_size
         self.enable_kv_cache_events = enable_kv_cache_events
         self._undo_steps: UndoLog = []
+        self._transaction = Transaction(self)
         self._journal: UndoLog | None = None
         self._events: list[KVCacheEvent] = []
         self.pages = LargePages(page_pool)
@@ -386,7 +387,7 @@ class TwoLevelBlockPool:
 
     def transaction(self) -> Transaction:
         """A ``with`` block whose changes, in every class, all stay or none do."""
-        return Transaction(self)
+        return self._transaction
 
     def record(self, undo: Callable[..., None], *arguments: Any) -> None:
         """Add ``undo(*arguments)`` to the running transaction (no-op outside one)."""

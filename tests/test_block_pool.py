@@ -377,6 +377,30 @@ def test_commit_keeps_the_changes_and_stops_recording():
     assert pool.get_num_free_blocks() == 5
 
 
+def test_an_inner_failure_caught_inside_leaves_the_decision_to_the_outer_block():
+    pool = BlockPool(8)
+    with pool.transaction():
+        first = pool.get_new_blocks(1)
+        try:
+            with pool.transaction():
+                second = pool.get_new_blocks(2)
+                raise RuntimeError("caught below, inside the outer block")
+        except RuntimeError:
+            pass
+        # The inner block joined the outer one: nothing was undone yet.
+        assert pool.get_num_free_blocks() == 4
+    # The outer block succeeded: all three blocks stay taken.
+    assert [pool.ref_count(b) for b in first + second] == [1, 1, 1]
+    # And a failing outer block undoes an inner block that succeeded.
+    with rolled_back(pool), pool.transaction():
+        pool.get_new_blocks(2)
+    assert pool.get_num_free_blocks() == 4
+    # Each new outermost block records afresh, after a failure as after a success.
+    with rolled_back(pool):
+        pool.get_new_blocks(4)
+    assert pool.get_num_free_blocks() == 4
+
+
 def test_a_public_method_that_fails_changes_nothing():
     pool = BlockPool(8)
     blocks = pool.get_new_blocks(3)
