@@ -36,12 +36,16 @@ Turning the returned blocks into lists of ids for the comparison is not timed.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from _common import CONVERSATION_TRACE
+
 import kvcore
+from kvcore._trace import read_mooncake_trace
 from kvcore.specs import KVCacheSpec
 
 # The replays do not announce steps (vLLM 0.14's behaviour, for identical
@@ -159,6 +163,53 @@ def _by_category(spent: list[float], spans: list[int]) -> tuple[list[float], lis
     return seconds, reads
 
 
+#: The options of :func:`add_trace_options`, as command-line flags (a
+#: benchmark that replays in a child process passes them on).
+TRACE_OPTIONS = ("trace", "requests", "block_size", "num_blocks", "max_running", "max_output")
+
+
+def add_trace_options(
+    parser: argparse.ArgumentParser,
+    *,
+    requests: int = 200,
+    num_blocks: int = 12_000,
+    max_output: int = 128,
+) -> None:
+    """Add the options of a replay of Mooncake requests (``TRACE_OPTIONS``) to ``parser``."""
+    parser.add_argument("--trace", default=str(CONVERSATION_TRACE))
+    parser.add_argument("--requests", type=int, default=requests)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-blocks", type=int, default=num_blocks)
+    parser.add_argument("--max-running", type=int, default=16)
+    parser.add_argument(
+        "--max-output",
+        type=int,
+        default=max_output,
+        help="cap on decode tokens per request (keeps the run short)",
+    )
+
+
+def trace_option_flags(args: argparse.Namespace) -> list[str]:
+    """``args``' values of ``TRACE_OPTIONS`` as command-line flags."""
+    flags = []
+    for name in TRACE_OPTIONS:
+        flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return flags
+
+
+def trace_workload(
+    args: argparse.Namespace, max_prompt: int | None = None
+) -> tuple[list[list[int]], list[int]]:
+    """Prompts and decode lengths of the first ``args.requests`` requests of ``args.trace``.
+
+    Decode lengths are capped at ``args.max_output``, prompts (if given) at
+    ``max_prompt`` tokens.
+    """
+    trace = list(read_mooncake_trace(args.trace, limit=args.requests))
+    prompts = [r.prompt_token_ids[:max_prompt] for r in trace]
+    return prompts, [min(r.output_length, args.max_output) for r in trace]
+
+
 def make_kvcore(
     case: Case, num_blocks: int, block_size: int, hash_algorithm: str, backend: str | None = None
 ) -> Any:
@@ -175,7 +226,7 @@ def make_kvcore(
 
 def record_ops(
     case: Case,
-    prompts: list[tuple[int, ...]],
+    prompts: Sequence[Sequence[int]],
     output_lengths: list[int],
     num_blocks: int,
     block_size: int,

@@ -37,7 +37,6 @@ from itertools import product
 from typing import Any
 
 from _common import (
-    CONVERSATION_TRACE,
     VLLM_HASHES,
     Spread,
     first_difference,
@@ -54,15 +53,16 @@ from _replay import (
     Case,
     Recording,
     Replay,
+    add_trace_options,
     record_ops,
     replay_kvcore,
     replay_vllm,
+    trace_workload,
 )
 
 import kvcore
 from kvcore._backend import native_available
 from kvcore._eviction.lru import LRUFreeQueue
-from kvcore._trace import read_mooncake_trace
 from kvcore_plugins.full_attention import FullAttentionSpec
 
 FULL_ATTENTION = Case(
@@ -87,9 +87,7 @@ def _torch_dtype(name: str) -> Any:
 
 def bench_replay(args: argparse.Namespace, vllm: Any | None, recorder: Recorder) -> bool:
     """Per-operation times of every implementation; False if any result differed."""
-    trace = list(read_mooncake_trace(args.trace, limit=args.requests))
-    prompts = [r.prompt_token_ids for r in trace]
-    outputs = [min(r.output_length, args.max_output) for r in trace]
+    prompts, outputs = trace_workload(args)
     rec = record_ops(
         FULL_ATTENTION,
         prompts,
@@ -352,17 +350,7 @@ def _aged_vllm(pool: Any, n: int, bs: int) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", default=str(CONVERSATION_TRACE))
-    parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--num-blocks", type=int, default=12_000)
-    parser.add_argument("--max-running", type=int, default=16)
-    parser.add_argument(
-        "--max-output",
-        type=int,
-        default=128,
-        help="cap on decode tokens per request (keeps the run short)",
-    )
+    add_trace_options(parser)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")
     parser.add_argument("--fresh", action="store_true", help="start from a never-used pool")
     parser.add_argument("--pool-blocks", type=int, default=1_000_000)

@@ -40,7 +40,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from _common import (
-    CONVERSATION_TRACE,
     Spread,
     first_difference,
     import_vllm,
@@ -49,10 +48,18 @@ from _common import (
     timer_overhead,
 )
 from _record import Recorder, ratio, span
-from _replay import CATEGORIES, Case, Replay, record_ops, replay_kvcore, replay_vllm
+from _replay import (
+    CATEGORIES,
+    Case,
+    Replay,
+    add_trace_options,
+    record_ops,
+    replay_kvcore,
+    replay_vllm,
+    trace_workload,
+)
 
 import kvcore
-from kvcore._trace import read_mooncake_trace
 from kvcore.managers import HitQuery
 from kvcore_plugins.chunked_local import ChunkedLocalAttentionSpec
 from kvcore_plugins.cross_attention import CrossAttentionSpec
@@ -180,9 +187,7 @@ CASES = [
 
 def bench_allocation_paths(args: argparse.Namespace, vllm: Any | None, recorder: Recorder) -> bool:
     """Part 1; returns False if kvcore and vLLM disagreed on any result."""
-    trace = list(read_mooncake_trace(args.trace, limit=args.requests))
-    prompts = [r.prompt_token_ids[: args.max_prompt] for r in trace]
-    outputs = [min(r.output_length, args.max_output) for r in trace]
+    prompts, outputs = trace_workload(args, args.max_prompt)
     bs = args.block_size
     overhead = timer_overhead()
     print(
@@ -464,13 +469,8 @@ def _vllm_lookup(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", default=str(CONVERSATION_TRACE))
-    parser.add_argument("--requests", type=int, default=100)
+    add_trace_options(parser, requests=100, num_blocks=6000, max_output=64)
     parser.add_argument("--max-prompt", type=int, default=16384)
-    parser.add_argument("--max-output", type=int, default=64)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--num-blocks", type=int, default=6000)
-    parser.add_argument("--max-running", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")
     parser.add_argument("--fresh", action="store_true", help="start from a never-used pool")
     parser.add_argument("--window", type=int, default=128)

@@ -30,13 +30,24 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import CONVERSATION_TRACE, REPO
+from _common import REPO
 from _record import Recorder, ratio, table
-from _replay import ADMIT, CATEGORIES, DECODE, LOOKUP, NEW, PREEMPT, make_kvcore, record_ops
+from _replay import (
+    ADMIT,
+    CATEGORIES,
+    DECODE,
+    LOOKUP,
+    NEW,
+    PREEMPT,
+    add_trace_options,
+    make_kvcore,
+    record_ops,
+    trace_option_flags,
+    trace_workload,
+)
 
 import kvcore
 from kvcore._backend import native_available
-from kvcore._trace import read_mooncake_trace
 from kvcore_plugins.full_attention import FullAttentionSpec
 
 BACKENDS = ("python", "native")
@@ -78,11 +89,9 @@ def replay_marked(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, args.marks)
     import _callgrind_marks as marks  # type: ignore[import-not-found]
 
-    trace = list(read_mooncake_trace(args.trace, limit=args.requests))
     rec = record_ops(
         _Case,
-        [r.prompt_token_ids for r in trace],
-        [min(r.output_length, args.max_output) for r in trace],
+        *trace_workload(args),
         args.num_blocks,
         args.block_size,
         args.max_running,
@@ -179,18 +188,7 @@ def run_backend(args: argparse.Namespace, backend: str, folder: Path) -> tuple[d
         str(folder),
         "--out",
         str(result),
-        "--trace",
-        args.trace,
-        "--requests",
-        str(args.requests),
-        "--max-output",
-        str(args.max_output),
-        "--num-blocks",
-        str(args.num_blocks),
-        "--block-size",
-        str(args.block_size),
-        "--max-running",
-        str(args.max_running),
+        *trace_option_flags(args),
     ]
     subprocess.run(command, check=True, stderr=subprocess.DEVNULL)
     return inclusive_counts(profile), json.loads(result.read_text())
@@ -252,12 +250,7 @@ def compare(args: argparse.Namespace, recorder: Recorder) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", default=str(CONVERSATION_TRACE))
-    parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--num-blocks", type=int, default=12_000)
-    parser.add_argument("--max-running", type=int, default=16)
-    parser.add_argument("--max-output", type=int, default=128)
+    add_trace_options(parser)
     parser.add_argument(
         "--record", action="store_true", help="write benchmarks/results/bench-native.json"
     )
