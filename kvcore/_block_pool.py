@@ -50,7 +50,14 @@ from kvcore.errors import (
 )
 from kvcore.eviction import EvictionPolicyFactory, GroupInfo, PoolInfo
 
-__all__ = ["MAX_NUM_BLOCKS", "NULL_BLOCK", "BlockPool", "Transaction", "available_host_memory"]
+__all__ = [
+    "MAX_NUM_BLOCKS",
+    "NULL_BLOCK",
+    "BlockPool",
+    "Transaction",
+    "available_host_memory",
+    "out_of_blocks",
+]
 
 _INT: Final = {int}
 
@@ -101,6 +108,11 @@ def _check_pool_size(num_blocks: object) -> None:
             f"{format_bytes(available)} is available; plan with less memory or fewer blocks"
         )
         raise PoolTooLargeError(msg)
+
+
+def out_of_blocks(num_blocks: int, num_free: int) -> OutOfBlocksError:
+    """The error of a pool asked for ``num_blocks`` blocks with only ``num_free`` free."""
+    return OutOfBlocksError(f"cannot take {num_blocks} blocks: only {num_free} are free")
 
 
 class _Journaled(Protocol):
@@ -435,8 +447,7 @@ class BlockPool:
     def _take(self, num_blocks: int) -> list[int]:
         """:meth:`get_new_blocks` for kvcore's managers (``num_blocks`` checked)."""
         if num_blocks > self._num_free:
-            msg = f"cannot take {num_blocks} blocks: only {self._num_free} are free"
-            raise OutOfBlocksError(msg)
+            raise out_of_blocks(num_blocks, self._num_free)
         if not num_blocks:
             return []
         blocks = self._take_queued(num_blocks)

@@ -35,12 +35,12 @@ import importlib
 from collections.abc import Hashable, Sequence
 from typing import Final
 
-from kvcore._block_pool import BlockPool
+from kvcore._block_pool import BlockPool, out_of_blocks
 from kvcore._events import BlockRemoved
 from kvcore._eviction.lru import lru_policy
 from kvcore._eviction.queue import FreeQueue
 from kvcore._eviction.registry import QueueFactory, resolve_policy
-from kvcore.errors import DoubleFreeError, InvalidConfigError, OutOfBlocksError
+from kvcore.errors import DoubleFreeError, InvalidConfigError
 from kvcore.eviction import EvictionPolicyFactory, PoolInfo
 
 __all__ = ["MAX_NATIVE_GROUPS", "NativeBlockPool", "native_gap"]
@@ -107,8 +107,7 @@ class NativeBlockPool(BlockPool):
 
     def _take(self, num_blocks: int) -> list[int]:
         if num_blocks > self._core.num_free:
-            msg = f"cannot take {num_blocks} blocks: only {self._core.num_free} are free"
-            raise OutOfBlocksError(msg)
+            raise out_of_blocks(num_blocks, self._core.num_free)
         if not num_blocks:
             return []
         removed = self._removed if self.enable_kv_cache_events else None
