@@ -32,7 +32,7 @@ from kvcore.eviction import EvictionPolicyFactory
 from kvcore.specs import KVCacheSpec
 
 if TYPE_CHECKING:
-    from kvcore._planning.model_config import ModelFields
+    from kvcore._planning.model_fields import ModelFields
     from kvcore.reference import ReferenceKernel
 
 __all__ = [

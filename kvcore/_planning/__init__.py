@@ -8,8 +8,9 @@ two-level pool's page classes and large page), :mod:`.layout` (where every
 page lives), :mod:`.needs` (what one request holds), :mod:`.sizing` (blocks
 from memory, the fit check, concurrency) and :mod:`.two_level` (the same for
 large pages), :mod:`.allocate` (torch), :mod:`.model_config` and
-:mod:`.layer_config` (``config.json`` → layer specs), :mod:`.report` (waste),
-:mod:`.notes` and :mod:`.summary` (what a plan says), :mod:`.plan`
+:mod:`.layer_config` (``config.json`` → layer specs), :mod:`.model_fields`
+(the config fields a plugin's hook reads), :mod:`.report` (waste),
+:mod:`.notes` and :mod:`.kv_cache_plan` (what a plan holds and says), :mod:`.plan`
 (:func:`kvcore.plan`) and :mod:`.memory` (``"80GiB"``).
 
 Nothing is imported here: ``kvcore`` imports the modules it re-exports.

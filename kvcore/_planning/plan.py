@@ -8,11 +8,12 @@ from typing import Any, Final
 
 import attrs
 
-from kvcore._config import KVCacheConfig, KVCacheGroupSpec, KVCacheLayout
+from kvcore._config import KVCacheGroupSpec, KVCacheLayout
 from kvcore._hits import hash_and_alignment
 from kvcore._planning.alignment import align_state_pages
 from kvcore._planning.group_size import GROUP_SIZE_RULES
 from kvcore._planning.grouping import get_kv_cache_groups, natural_page_groups
+from kvcore._planning.kv_cache_plan import KVCachePlan
 from kvcore._planning.layout import bytes_per_block
 from kvcore._planning.memory import parse_memory
 from kvcore._planning.model_config import ModelConfig, build_layer_specs, load_model_config
@@ -26,17 +27,13 @@ from kvcore._planning.pool_choice import (
     checkpoint_states,
     resolve_pool,
 )
-from kvcore._planning.report import GroupReport, group_reports
+from kvcore._planning.report import group_reports
 from kvcore._planning.sizing import (
-    blocks_per_request,
     check_fits,
     fit_max_model_len,
     get_kv_cache_config,
-    max_concurrency,
-    memory_needed,
 )
-from kvcore._planning.summary import plan_summary
-from kvcore._planning.two_level import large_pages_per_request, two_level_config, two_level_waste
+from kvcore._planning.two_level import two_level_config
 from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
 from kvcore._utils import format_bytes
@@ -60,233 +57,6 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS: Final = 8192
 #: ``max_model_len`` asking for the longest length that fits (as the reference
 #: engine's ``--max-model-len -1``).
 FIT_MAX_MODEL_LEN: Final = -1
-
-
-@attrs.frozen(kw_only=True)
-class KVCachePlan:
-    """A planned KV cache: the config for the manager and what it costs.
-
-    Attributes:
-        model: The model's name.
-        source: Where its config was read from.
-        kv_cache_config: Groups, block count and tensors; hand it to
-            :class:`kvcore.KVCacheManager` (with :attr:`max_model_len`) and to
-            :func:`kvcore.allocate_kv_cache`.
-        layer_specs: Every layer's spec as built from the model config (before
-            grouping changed block sizes or pages).
-        limits: The token limits planned for (``max_model_len`` after fitting).
-        model_max_len: The model's own context length.
-        memory_bytes: The memory planned for, in bytes.
-        groups: A report per group (pages, blocks per request, waste).
-        group_size_rule: ``"reference"`` or ``"gcd"``.
-        hybrid: Whether each attention type keeps its own groups (``False``:
-            local layers allocated as full attention).
-        reference: With the ``"gcd"`` rule, the reference rule's plan of the
-            same model, memory and limits, for comparison (not checked to fit).
-        notes: What planning changed to make the layers fit together, one
-            sentence each (a raised block size, padded pages, windows
-            allocated as full attention, a lowered ``max_model_len``).
-        max_model_len_fitted: ``max_model_len`` was fitted to the memory (not
-            given): the model's, lowered to the longest request that fits.
-        num_blocks_given: The block count was given (``num_blocks``), not
-            derived from ``memory_bytes``, which then sized nothing.
-        pool: ``"shared"`` (one page size for every group) or ``"two-level"``
-            (large pages carved into small pages of each group's natural
-            page); ``pool="auto"`` resolved.
-        page_classes: The page classes and the large page of a two-level
-            pool (``None`` for the shared pool or a model without groups).
-        mamba_checkpoint: Tokens between two cached states of a state group
-            (its block size), when the model keeps states on a grid.
-        hit_alignment: Every prefix hit is a multiple of this many tokens: the
-            lcm of the block sizes of the groups that can be prefix-cached.
-    """
-
-    model: str
-    source: str
-    kv_cache_config: KVCacheConfig
-    layer_specs: dict[str, KVCacheSpec] = attrs.field(repr=False)
-    limits: TokenLimits
-    model_max_len: int
-    memory_bytes: int
-    groups: tuple[GroupReport, ...]
-    group_size_rule: str
-    hybrid: bool
-    reference: KVCachePlan | None = None
-    notes: tuple[str, ...] = ()
-    max_model_len_fitted: bool = False
-    num_blocks_given: bool = False
-    pool: ResolvedPool = "shared"
-    page_classes: PageClasses | None = None
-    mamba_checkpoint: int | None = None
-    hit_alignment: int = 1
-
-    @property
-    def max_model_len(self) -> int:
-        """Longest request planned for, in tokens (the model's, or less to fit)."""
-        return self.limits.max_model_len
-
-    @property
-    def num_blocks(self) -> int:
-        """Blocks in the pool, the null block included; large pages in a two-level pool."""
-        return self.kv_cache_config.num_blocks
-
-    @property
-    def bytes_per_block(self) -> int:
-        """Bytes one block id costs (the widest group's pages)."""
-        return self.kv_cache_config.bytes_per_block
-
-    @property
-    def blocks_per_request(self) -> int:
-        """Blocks one request of :attr:`max_model_len` tokens holds across all groups.
-
-        In a two-level pool these are small pages of the groups' classes.
-        """
-        return blocks_per_request(self.kv_cache_config.kv_cache_groups, self.limits)
-
-    @property
-    def large_pages_per_request(self) -> int:
-        """Large pages one request of :attr:`max_model_len` tokens holds alone (0: shared pool).
-
-        Per page class, its small pages rounded up to whole large pages.
-        """
-        if self.page_classes is None:
-            return 0
-        groups = self.kv_cache_config.kv_cache_groups
-        return large_pages_per_request(groups, self.page_classes, self.limits)
-
-    @property
-    def max_concurrency(self) -> float:
-        """Requests of :attr:`max_model_len` tokens the pool holds at once."""
-        return max_concurrency(self.kv_cache_config, self.limits)
-
-    @property
-    def token_capacity(self) -> int:
-        """Tokens the pool holds in requests of :attr:`max_model_len` tokens."""
-        return int(self.max_concurrency * self.max_model_len)
-
-    @property
-    def memory_needed_bytes(self) -> int:
-        """Bytes one request of :attr:`max_model_len` tokens needs (null block included).
-
-        In a two-level pool: whole large pages per class, and large page 0.
-        """
-        return memory_needed(
-            self.kv_cache_config.kv_cache_groups, self.limits, classes=self.page_classes
-        )
-
-    @property
-    def wasted_bytes_per_request(self) -> int:
-        """Bytes one request of :attr:`max_model_len` tokens holds but no layer uses."""
-        return sum(group.wasted_bytes_per_request for group in self.groups)
-
-    @property
-    def waste_fraction(self) -> float:
-        """Share of the pool that holds no KV when it is full of longest requests (0.0 to 1.0).
-
-        Shared pool: the share of a longest request's bytes no layer uses (the
-        null block is not counted). Two-level pool: :attr:`wasted_bytes` over
-        the pool's bytes.
-        """
-        if self.page_classes is not None:
-            size = self.kv_cache_config.size_bytes
-            return self.wasted_bytes / size if size else 0.0
-        total = self.bytes_per_block * self.blocks_per_request
-        return self.wasted_bytes_per_request / total if total else 0.0
-
-    @property
-    def wasted_bytes(self) -> int:
-        """Bytes of the pool wasted when it is full of requests of :attr:`max_model_len` tokens.
-
-        In a two-level pool large page 0 is counted too (see :attr:`waste_breakdown`).
-        """
-        if self.page_classes is not None:
-            return sum(self.waste_breakdown.values())
-        return int(self.waste_fraction * self.kv_cache_config.size_bytes)
-
-    @property
-    def waste_breakdown(self) -> dict[str, int]:
-        """Where :attr:`wasted_bytes` go in a two-level pool (empty for the shared pool).
-
-        ``"reserved large page"`` (large page 0, the null blocks), ``"class
-        padding"`` (small pages padded to divide the large page), ``"padding
-        layer slots"`` (runs a group with fewer layers leaves empty) and
-        ``"padded pages"`` (pages smaller than their group's page), in bytes.
-        """
-        classes = self.page_classes
-        if classes is None:
-            return {}
-        groups = self.kv_cache_config.kv_cache_groups
-        return two_level_waste(groups, classes, self.limits, self.num_blocks)
-
-    @property
-    def padding_slots(self) -> int:
-        """Empty layer slots over all groups (uniform-page groups only)."""
-        return sum(group.padding_slots for group in self.groups)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready description of the plan (summary figures, groups, config)."""
-        data = {
-            "model": self.model,
-            "source": self.source,
-            "memory_bytes": self.memory_bytes,
-            "num_blocks_given": self.num_blocks_given,
-            "max_model_len": self.max_model_len,
-            "max_model_len_fitted": self.max_model_len_fitted,
-            "model_max_len": self.model_max_len,
-            "max_num_batched_tokens": self.limits.max_num_batched_tokens,
-            "max_num_encoder_tokens": self.limits.max_num_encoder_tokens,
-            "group_size_rule": self.group_size_rule,
-            "hybrid": self.hybrid,
-            "layout": self.kv_cache_config.layout,
-            "num_layers": len(self.layer_specs),
-            "num_blocks": self.num_blocks,
-            "bytes_per_block": self.bytes_per_block,
-            "size_bytes": self.kv_cache_config.size_bytes,
-            "blocks_per_request": self.blocks_per_request,
-            "memory_needed_bytes": self.memory_needed_bytes,
-            "max_concurrency": self.max_concurrency,
-            "token_capacity": self.token_capacity,
-            "padding_slots": self.padding_slots,
-            "wasted_bytes": self.wasted_bytes,
-            "wasted_bytes_per_request": self.wasted_bytes_per_request,
-            "waste_fraction": self.waste_fraction,
-            "notes": list(self.notes),
-            "groups": [group.to_dict() for group in self.groups],
-            "kv_cache_config": self.kv_cache_config.to_dict(),
-            "pool": self.pool,
-            "mamba_checkpoint": self.mamba_checkpoint,
-            "hit_alignment": self.hit_alignment,
-            "page_classes": self._page_classes_dict(),
-        }
-        if self.reference is not None:
-            reference = self.reference.to_dict()
-            del reference["kv_cache_config"]
-            data["reference"] = reference
-        return data
-
-    def _page_classes_dict(self) -> dict[str, Any] | None:
-        """The page classes, the large pages a request holds and the waste, for JSON."""
-        classes = self.page_classes
-        if classes is None:
-            return None
-        return {
-            **attrs.asdict(classes),
-            "pages_per_large_page": [
-                classes.pages_per_large_page(c) for c in range(classes.num_classes)
-            ],
-            "bytes_per_large_page": classes.bytes_per_large_page,
-            "large_pages_per_request": self.large_pages_per_request,
-            "waste_breakdown": self.waste_breakdown,
-        }
-
-    def summary(self) -> str:
-        """The plan as a few lines of text: groups, blocks, capacity, waste.
-
-        For a two-level pool also the page classes (page, small pages per
-        large page, padding, groups), the large pages, where the waste goes
-        and the token grid prefix hits land on.
-        """
-        return plan_summary(self)
 
 
 def _positive(name: str, value: object) -> int:

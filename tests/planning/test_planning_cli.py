@@ -146,7 +146,7 @@ def test_every_option_is_in_the_cli_reference():
 def test_the_group_table_widens_a_column_for_a_page_of_several_parts():
     import types
 
-    from kvcore._planning.summary import group_table
+    from kvcore._planning.kv_cache_plan import group_table
 
     def group(index: int, kind: str, pages: tuple[int, ...]) -> types.SimpleNamespace:
         return types.SimpleNamespace(
