@@ -194,7 +194,8 @@ def bench_allocation_paths(args: argparse.Namespace, vllm: Any | None, recorder:
         f"Allocation path: {len(prompts)} Mooncake requests (prompts capped at "
         f"{args.max_prompt} tokens, decode at {args.max_output}), block size {bs}, "
         f"{args.num_blocks} blocks per group, at most {args.max_running} running, "
-        f"{'fresh' if args.fresh else 'aged'} pool; µs per operation, median (min–max) of "
+        f"{'fresh' if args.fresh else 'aged'} pool, kvcore on its {kvcore.backend()} backend; "
+        f"µs per operation, median (min–max) of "
         f"{args.rounds} interleaved rounds, {overhead * 1e9:.0f} ns of clock reads subtracted"
     )
     print_load()
