@@ -57,6 +57,7 @@ from _replay import (
     replay_vllm,
 )
 
+import kvcore
 from kvcore_plugins.full_attention import FullAttentionSpec
 from kvcore_plugins.sliding_window import SlidingWindowSpec
 
@@ -158,8 +159,8 @@ def _run(args: argparse.Namespace, recorder: Recorder) -> bool:
     bs = args.block_size
     print(
         f"One {args.tokens:,}-token prompt, block size {bs}, aged pool: ms per operation, "
-        f"median (min–max) of {args.rounds} interleaved rounds; kvcore hash {args.hash}, "
-        "vLLM sha256"
+        f"median (min–max) of {args.rounds} interleaved rounds; kvcore hash {args.hash} on "
+        f"its {kvcore.backend()} backend, vLLM sha256"
     )
     print_load()
     header = f"  {'model':<27}{'case':<6}{'operation':<24}{'kvcore ms':>22}"
