@@ -962,6 +962,96 @@ Core_count_evictable(Core *self, PyObject *blocks)
     return PyLong_FromSsize_t(count);
 }
 
+/* The block id at ``item`` if it is an exact int naming a block of the pool
+ * other than the null block, else 0 (no exception). */
+static inline Py_ssize_t
+cacheable_block_of(Core *self, PyObject *item)
+{
+    if (!PyLong_CheckExact(item)) {
+        return 0;
+    }
+    Py_ssize_t block = PyLong_AsSsize_t(item);
+    if (block == -1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* past Py_ssize_t: not a block */
+        return 0;
+    }
+    return block > 0 && block < self->n ? block : 0;
+}
+
+/* BlockPool.holds_cached, with its order of checks (so that the same inputs
+ * raise the same errors): every entry an exact int naming a non-null block;
+ * then the hashes compared position by position, stopping at the first that
+ * differs (a comparison raising TypeError answers False, any other error is
+ * raised); then every block's group. */
+static int
+holds_cached(Core *self, PyObject **blocks, PyObject **hashes, Py_ssize_t count, long group)
+{
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!cacheable_block_of(self, blocks[i])) {
+            return 0;
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *held = PyList_GET_ITEM(self->hashes, cacheable_block_of(self, blocks[i]));
+        int same = PyObject_RichCompareBool(held, hashes[i], Py_EQ);
+        if (same < 0 && PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (same <= 0) {
+            return same;
+        }
+    }
+    const char *groups = PyByteArray_AS_STRING(self->groups);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if ((long)(unsigned char)groups[cacheable_block_of(self, blocks[i])] != group) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static PyObject *
+Core_holds_cached(Core *self, PyObject *args)
+{
+    PyObject *blocks, *hashes, *group_obj;
+    if (!PyArg_ParseTuple(args, "OOO", &blocks, &hashes, &group_obj) || check_bound(self) < 0) {
+        return NULL;
+    }
+    PyObject *fast_blocks = PySequence_Fast(blocks, "holds_cached() expects a sequence of blocks");
+    if (fast_blocks == NULL) {
+        return NULL;
+    }
+    PyObject *fast_hashes = PySequence_Fast(hashes, "holds_cached() expects a sequence of hashes");
+    if (fast_hashes == NULL) {
+        Py_DECREF(fast_blocks);
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast_blocks);
+    /* A group that is no group of the pool matches no block (-1). */
+    long group = -1;
+    if (PyLong_CheckExact(group_obj)) {
+        group = PyLong_AsLong(group_obj);
+        if (group == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+        }
+        if (group >= PyList_GET_SIZE(self->maps)) {
+            group = -1;
+        }
+    }
+    int result = 0;
+    if (count == PySequence_Fast_GET_SIZE(fast_hashes)) {
+        result = holds_cached(self, PySequence_Fast_ITEMS(fast_blocks),
+                              PySequence_Fast_ITEMS(fast_hashes), count, group);
+    }
+    Py_DECREF(fast_blocks);
+    Py_DECREF(fast_hashes);
+    if (result < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(result);
+}
+
 /* The run of hits of hashes[start:stop] in one map. */
 static PyObject *
 match_one(PyObject *map, PyObject **hashes, Py_ssize_t start, Py_ssize_t stop)
@@ -1251,6 +1341,8 @@ static PyMethodDef Core_methods[] = {
      "touch_blocks(blocks): take a count each; the free ones, unqueued and returned."},
     {"count_evictable", (PyCFunction)Core_count_evictable, METH_O,
      "Non-null blocks among the given ones with no reference."},
+    {"holds_cached", (PyCFunction)Core_holds_cached, METH_VARARGS,
+     "holds_cached(blocks, hashes, group): each block cached in group under its hash."},
     {"match_prefix", (PyCFunction)Core_match_prefix, METH_VARARGS,
      "match_prefix(hashes, start, stop, groups): the run of hits, one list a group."},
     {"enter", (PyCFunction)Core_enter, METH_VARARGS,

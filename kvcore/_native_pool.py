@@ -129,6 +129,12 @@ class NativeBlockPool(BlockPool):
         """How many of ``blocks`` are free (cached, in the free queue); nulls not counted."""
         return self._core.count_evictable(blocks)  # type: ignore[no-any-return]
 
+    def holds_cached(
+        self, blocks: Sequence[int], block_hashes: Sequence[Hashable], group: int
+    ) -> bool:
+        """See :meth:`BlockPool.holds_cached <kvcore._block_pool.BlockPool.holds_cached>`."""
+        return self._core.holds_cached(blocks, block_hashes, group)  # type: ignore[no-any-return]
+
     def match_prefix(
         self,
         block_hashes: Sequence[Hashable],

@@ -173,3 +173,55 @@ def test_more_groups_than_the_native_pool_serves_use_python() -> None:
 
     assert native_gap("lru", 256) is None
     assert native_gap("lru", 257) == "257 KV cache groups (the native backend serves up to 256)"
+
+
+class _EqualityRaises:
+    """A hash whose comparison raises (the pool must pass the error on, not answer)."""
+
+    def __init__(self, error: type[Exception]) -> None:
+        self.error = error
+
+    def __eq__(self, other: object) -> bool:
+        raise self.error("compared")
+
+    __hash__ = object.__hash__
+
+
+@pytest.mark.parametrize("backend", ["python", "native"])
+def test_holds_cached_answers_each_case_as_worked_out_by_hand(backend: str) -> None:
+    if backend == "native":
+        require_native()
+        from kvcore._native_pool import NativeBlockPool as Pool
+    else:
+        Pool = BlockPool
+    pool = Pool(8, num_groups=2)
+    request = kvcore.Request("a", [1, 2, 3, 4, 5, 6])
+    kvcore.hashing.BlockHasher(2).update(request)
+    h0, h1, h2 = request.block_hashes
+    # Blocks 1 and 2 cached in group 0 under h0 and h1; block 3 in group 1 under h0.
+    in_zero, in_one = pool.get_new_blocks(2), pool.get_new_blocks(1)
+    assert (in_zero, in_one) == ([1, 2], [3])
+    pool.cache_full_blocks(request, in_zero, 0, 2, 2, 0)
+    pool.cache_full_blocks(request, in_one, 0, 1, 2, 1)
+    holds = pool.holds_cached
+    assert holds([1, 2], [h0, h1], 0)
+    assert holds([1, 2], (h0, h1), 0)  # any sequence of hashes
+    assert holds([3], [h0], 1)
+    assert holds([], [], 0)  # nothing to check
+    assert holds([], [], 7)
+    assert not holds([2, 1], [h0, h1], 0)  # each block under its own position's hash
+    assert not holds([3], [h0], 0)  # cached, but in the other group
+    assert not holds([1], [h0], 2)  # a group the pool does not have
+    assert not holds([1], [h0], "0")
+    assert not holds([1, 2], [h0], 0)  # lengths differ
+    assert not holds([4], [h2], 0)  # never cached
+    for not_a_block in (0, -7, 8, 2**70, True, 1.0, "1", None):
+        assert not holds([1, not_a_block], [h0, h1], 0), not_a_block
+    # A type error while comparing hashes answers False; any other error is raised.
+    assert not holds([1], [_EqualityRaises(TypeError)], 0)
+    with pytest.raises(ZeroDivisionError, match="compared"):
+        holds([1], [_EqualityRaises(ZeroDivisionError)], 0)
+    # Blocks are checked before hashes: a bad block answers without comparing.
+    assert not holds([1, -1], [_EqualityRaises(ZeroDivisionError), h1], 0)
+    # The hashes stop at the first that differs, as a list comparison does.
+    assert not holds([2, 1], [h0, _EqualityRaises(ZeroDivisionError)], 0)
