@@ -342,6 +342,8 @@ class KVCacheManager:
         return KVCacheBlocks(hits), num_hit_tokens
 
     # -- allocation -------------------------------------------------------------------
+    # The allocation route compares with ``if`` rather than min()/max(): see the
+    # note in kvcore.managers (the builtins cost ten comparisons each on CPython 3.11).
 
     def allocate_slots(
         self,
@@ -482,10 +484,15 @@ class KVCacheManager:
             self._hasher.update(request)
         hits = self._checked_hits(request, running, new_computed_blocks, num_hit, num_computed)
         # Lookahead slots past the end of the model are never used.
-        num_need_slot = min(num_computed + num_new + num_lookahead, self.max_model_len)
-        num_to_cache = (
-            None if delay_cache_blocks else min(num_computed + num_new, request.num_tokens)
-        )
+        num_need_slot = num_computed + num_new + num_lookahead
+        if num_need_slot > self.max_model_len:
+            num_need_slot = self.max_model_len
+        num_to_cache = None
+        if not delay_cache_blocks:
+            # Draft tokens are not the request's tokens yet: they are never cached.
+            num_to_cache = num_computed + num_new
+            if num_to_cache > request.num_tokens:
+                num_to_cache = request.num_tokens
         request_id = request.request_id
         groups = None
         if running and self._steps_by_group and not (num_hit or num_external or num_encoder):

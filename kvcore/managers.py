@@ -373,6 +373,9 @@ class SingleTypeManager(Generic[SpecT]):
         return 0
 
     # -- shared bookkeeping ---------------------------------------------------------
+    # These methods run on every allocation and compare with ``if`` rather than
+    # min()/max(): on CPython 3.11 a call of either builtin parses its arguments
+    # (0.3 µs on the benchmark machine, ten times a comparison).
 
     def get_num_blocks_to_allocate(
         self,
@@ -534,7 +537,9 @@ class SingleTypeManager(Generic[SpecT]):
             return
         # The window can move past blocks that were never allocated (external
         # tokens): only existing blocks can be freed.
-        num_skipped_blocks = min(num_skipped_tokens // self.block_size, len(table))
+        num_skipped_blocks = num_skipped_tokens // self.block_size
+        if num_skipped_blocks > len(table):
+            num_skipped_blocks = len(table)
         if num_skipped_blocks <= 0 or not table[num_skipped_blocks - 1]:
             return
         first = num_skipped_blocks - 1
@@ -579,9 +584,13 @@ class SingleTypeManager(Generic[SpecT]):
         if self.caches_blocks:
             grid = self.cache_grid_tokens
             next_full = (self.num_cached_block.get(request_id, 0) + 1) * block_size
-            limit = min(limit, -(-next_full // grid) * grid - 1)
+            last_before_full = -(-next_full // grid) * grid - 1
+            if last_before_full < limit:
+                limit = last_before_full
         if self.frees_skipped_blocks:
-            limit = min(limit, self._next_skip(table, num_computed_tokens))
+            next_skip = self._next_skip(table, num_computed_tokens)
+            if next_skip < limit:
+                limit = next_skip
         return limit
 
     def _next_skip(self, table: Sequence[int], num_computed_tokens: int) -> int:
@@ -592,7 +601,7 @@ class SingleTypeManager(Generic[SpecT]):
             threshold = self._skip_thresholds[first_held] = self._skip_threshold(
                 (first_held + 1) * self.block_size
             )
-        return max(threshold, num_computed_tokens)
+        return threshold if threshold > num_computed_tokens else num_computed_tokens
 
     def _skip_threshold(self, target: int) -> int:
         """The least computed-token count at which ``target`` leading tokens are skipped.

@@ -299,7 +299,8 @@ class Scheduler:
             num_new = request.num_tokens - request.num_computed_tokens
             kind = _DECODE if num_new == 1 and entry.num_output else _PREFILL
             step.only_decodes = step.only_decodes and kind == _DECODE
-            num_new = min(num_new, step.budget)
+            if num_new > step.budget:  # not min(): see the note in kvcore.managers
+                num_new = step.budget
             while True:
                 blocks = self._timed(kind, step, allocate, request, num_new)
                 if blocks is not None:
@@ -327,7 +328,9 @@ class Scheduler:
             if self.on_lookup is not None:
                 self.on_lookup(entry)
             hit_blocks, num_hit = self._timed(_LOOKUP, step, manager.get_computed_blocks, request)
-            num_new = min(request.num_tokens - num_hit, step.budget)
+            num_new = request.num_tokens - num_hit
+            if num_new > step.budget:
+                num_new = step.budget
             blocks = self._timed(
                 _ADMIT, step, manager.allocate_slots, request, num_new, num_hit, hit_blocks
             )

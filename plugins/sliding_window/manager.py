@@ -141,4 +141,5 @@ class SlidingWindowManager(SingleTypeManager[SlidingWindowSpec]):
         Example: window 4 after 7 computed tokens: the next token (index 7)
         attends to tokens 4–7, so 4 tokens are skipped.
         """
-        return max(0, num_computed_tokens - self.spec.sliding_window + 1)
+        num_skipped = num_computed_tokens - self.spec.sliding_window + 1
+        return num_skipped if num_skipped > 0 else 0
