@@ -98,6 +98,9 @@ class KVCacheCoordinator:
         # the others remove_skipped_blocks is not even called.
         self.windowed = tuple(m for m in self.managers if m.frees_skipped_blocks)
         self.cacheable = tuple(m for m in self.managers if m.caches_blocks)
+        #: Groups shown each request before an allocation for it (see
+        #: SingleTypeManager.before_allocation); empty for most engines.
+        self.watching = tuple(m for m in self.managers if m.watches_requests)
         if not self.use_eagle:
             # cache_blocks caches up to the last aligned token count only (with
             # EAGLE, one block further: any block boundary may then matter).

@@ -541,6 +541,8 @@ class KVCacheManager:
         request_id = request.request_id
         coordinator = self.coordinator
         num_computed = num_local_computed + num_external
+        for manager in coordinator.watching:
+            manager.before_allocation(request)
         if coordinator.windowed:
             coordinator.remove_skipped_blocks(request_id, num_computed, groups)
         demand = coordinator.blocks_to_allocate(

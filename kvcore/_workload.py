@@ -332,6 +332,9 @@ class RandomWorkload:
     ) -> bool:
         manager = self.manager
         num_computed = request.num_computed_tokens + num_hit + num_external
+        # Groups that decide from the request see it first, as allocate_slots shows it.
+        for group in manager.coordinator.watching:
+            group.before_allocation(request)
         manager.remove_skipped_blocks(request.request_id, num_computed)
         need = min(num_computed + num_new_tokens + num_lookahead, manager.max_model_len)
         hits = hit.blocks if hit is not None else manager.empty_kv_cache_blocks.blocks  # type: ignore[attr-defined]

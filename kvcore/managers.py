@@ -228,6 +228,11 @@ class SingleTypeManager(Generic[SpecT]):
         num_cached_block: Per *running* request, how many leading blocks of its
             table are already in the prefix cache. A request present here has
             been allocated and gets no new cache hits.
+        watches_requests: Whether the engine-facing manager shows this group
+            each request before allocating for it
+            (:meth:`before_allocation`). ``False`` by default, so that types
+            deciding from counts alone pay nothing; a subclass sets it in
+            ``__init__``, read once when the coordinator is built.
     """
 
     #: A hit of length L implies a hit at every aligned length below L (full
@@ -314,6 +319,7 @@ class SingleTypeManager(Generic[SpecT]):
         #: Whether this group puts full blocks in the prefix cache.
         self.caches_blocks = enable_caching and self.is_prefix_cacheable(spec)
         self.cache_grid_tokens = 1
+        self.watches_requests = False
         # Per number of leading blocks: the least computed-token count at
         # which get_num_skipped_tokens covers them (see _next_skip).
         self._skip_thresholds: dict[int, int] = {}
@@ -376,6 +382,19 @@ class SingleTypeManager(Generic[SpecT]):
     # These methods run on every allocation and compare with ``if`` rather than
     # min()/max(): on CPython 3.11 a call of either builtin parses its arguments
     # (0.3 µs on the benchmark machine, ten times a comparison).
+
+    def before_allocation(self, request: Request) -> None:
+        """See the request an allocation is about to serve (groups with ``watches_requests`` set).
+
+        Called inside the allocation's transaction, before
+        :meth:`get_num_blocks_to_allocate` and every other step of an
+        allocation that may change the request's tables (a decode step that
+        the group's :meth:`steady_until` covers is not one). The request
+        carries what counts cannot: its prompt length and block hashes. A
+        manager that keeps state here records its undo with
+        :meth:`BlockPool.record`, so a failed allocation leaves nothing
+        behind. The default does nothing.
+        """
 
     def get_num_blocks_to_allocate(
         self,

@@ -266,7 +266,15 @@ def test_kvcore_plugins_lists_kinds_recognition_and_options(capsys):
             "choices": ["align", "none"],
             "help": "align: states cached at block boundaries (prefix caching); none: one "
             "state per request, never cached",
-        }
+        },
+        {
+            "name": "mamba.prefill_states",
+            "default": "every",
+            "choices": ["every", "selective"],
+            "help": "every: a prefill keeps the state at every block boundary it crosses; "
+            "selective: inside the prompt only at its last boundary and where an earlier "
+            "prompt diverged (align mode)",
+        },
     ]
     assert rows["sliding_window"]["layer_kinds"][0]["aliases"] == ["sliding_attention"]
     assert rows["mla"]["layer_kinds"][0]["deprecated_aliases"] == ["mla_attention"]
@@ -278,3 +286,4 @@ def test_kvcore_plugins_lists_kinds_recognition_and_options(capsys):
     out = capsys.readouterr().out
     assert "    layer kinds: mamba, mamba2, linear_attention\n" in out
     assert "    option mamba.cache_mode=align|none (default align)\n" in out
+    assert "    option mamba.prefill_states=every|selective (default every)\n" in out

@@ -241,6 +241,11 @@ CONFIGS = {
     "full": ([full()], 20, "shared"),
     # Attention pages of 32 bytes (2 a large page), Mamba states of 16 (4).
     "hybrid two-level": ([full(), sw(8), mamba(num_speculative_blocks=1)], 30, "two-level"),
+    "selective states two-level": (
+        [full(), mamba(num_speculative_blocks=1, prefill_states="selective")],
+        30,
+        "two-level",
+    ),
 }
 if kvcore_streaming is not None:
     CONFIGS["full+streaming"] = (

@@ -21,11 +21,14 @@ def sw(window: int, block_size: int = 4) -> SlidingWindowSpec:
     )
 
 
-def mamba(block_size: int = 4, num_speculative_blocks: int = 0) -> MambaSpec:
+def mamba(
+    block_size: int = 4, num_speculative_blocks: int = 0, prefill_states: str = "every"
+) -> MambaSpec:
     return MambaSpec(
         block_size=block_size,
         shapes=((1, 4),),
         dtypes=("float32",),
         mamba_cache_mode="align",
         num_speculative_blocks=num_speculative_blocks,
+        prefill_states=prefill_states,
     )

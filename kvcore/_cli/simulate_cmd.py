@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvcore._cli.fleet_options import add_fleet_options, reject_fleet_options, run_fleet
-from kvcore._cli.plugins_cmd import add_selection_options, registry_from_args
+from kvcore._cli.plugins_cmd import (
+    add_plan_option_argument,
+    add_selection_options,
+    plan_options_from_args,
+    registry_from_args,
+)
 from kvcore._cli.pool_options import add_pool_options
 from kvcore._hashing import HASH_ALGORITHMS
 from kvcore._sim.report import format_report
@@ -82,6 +87,7 @@ def add_parser(subparsers: Any) -> None:
         "in one block table, as engines without the hybrid manager do",
     )
     add_pool_options(parser)
+    add_plan_option_argument(parser)
     add_selection_options(parser)
     defaults = SchedulerConfig()
     parser.add_argument(
@@ -237,6 +243,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Workload, SimulationOptions, Regi
         with_belady=args.with_belady,
         pool=args.pool,
         mamba_checkpoint=args.mamba_checkpoint,
+        plan_options=plan_options_from_args(args),
     )
     workload = load_workload(
         args.trace, limit=args.limit, seed=args.seed, skip_bad_lines=args.skip_bad_lines

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -59,6 +59,10 @@ def _hash_algorithm(instance: object, attribute: attrs.Attribute[Any], value: An
         raise InvalidConfigError(msg)
 
 
+def _plan_options(value: Mapping[str, str]) -> dict[str, str]:
+    return dict(value)
+
+
 @attrs.frozen(kw_only=True)
 class SimulationOptions:
     """What to simulate, besides the workload.
@@ -85,6 +89,8 @@ class SimulationOptions:
             design the plan is for (see :func:`kvcore.plan`).
         mamba_checkpoint: Tokens between two cached states of a state group
             (see :func:`kvcore.plan`); default the planner's.
+        plan_options: Plugins' plan options, ``{"PLUGIN.NAME": "VALUE"}``
+            (see :func:`kvcore.plan`); default each option's default.
     """
 
     model: str = DEFAULT_MODEL
@@ -100,6 +106,7 @@ class SimulationOptions:
     with_belady: bool = False
     pool: PoolChoice = attrs.field(default="auto", validator=_pool)
     mamba_checkpoint: int | None = None
+    plan_options: Mapping[str, str] = attrs.field(factory=dict, converter=_plan_options)
 
 
 def _group_plans(config: Any, registry: Registry) -> tuple[GroupPlan, ...]:
@@ -239,6 +246,7 @@ def plan_for(options: SimulationOptions, registry: Registry) -> KVCachePlan:
         max_num_batched_tokens=options.scheduler.max_num_batched_tokens,
         pool=options.pool,
         mamba_checkpoint=options.mamba_checkpoint,
+        options=options.plan_options,
     )
 
 

@@ -21,8 +21,9 @@ the state after ``n`` tokens is read from entry ``(n - 1) // block_size``
 (a block-boundary checkpoint when ``n`` is a multiple of the block size, the
 running state of a partly computed block otherwise). A step starting at
 position ``n > 0`` reads its initial state there; every block boundary it
-crosses writes a checkpoint into that block, and its last position writes
-the running state into its block. A prefix hit of ``(i + 1) × block_size``
+crosses writes a checkpoint into that block (unless the table holds the
+null block there: the manager keeps no state at that boundary), and its last
+position writes the running state into its block. A prefix hit of ``(i + 1) × block_size``
 tokens therefore resumes from checkpoint ``i``.
 """
 
@@ -131,7 +132,8 @@ class MambaKernel(ReferenceKernel):
             out, state = self._token(mamba, params, x, state)
             outputs.append(out)
             done = step.start + offset + 1
-            if done % size == 0:
+            # A boundary whose block is null keeps no state (selective prefill states).
+            if done % size == 0 and step.block_table[done // size - 1]:
                 self._store(mamba, layer, step, done // size - 1, state)
         end = step.start + step.num_tokens
         if end % size:

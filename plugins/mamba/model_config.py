@@ -28,9 +28,10 @@ attention every interval-th layer, gated delta net otherwise).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import kvcore
-from kvcore_plugins.mamba.spec import MambaSpec
+from kvcore_plugins.mamba.spec import PREFILL_STATES, MambaSpec, PrefillStates
 
 __all__ = [
     "build_gated_delta_net",
@@ -52,6 +53,8 @@ def _state(
         dtypes=(layer.state_dtype,) * len(shapes),
         mamba_type=mamba_type,
         mamba_cache_mode="align" if align else "none",
+        # The plan option's choices are PREFILL_STATES; the spec checks again.
+        prefill_states=cast("PrefillStates", layer.option("prefill_states")),
     )
 
 
@@ -101,7 +104,7 @@ def kvcore_layer_kinds() -> list[kvcore.planning.LayerKind]:
 
 @kvcore.hookimpl
 def kvcore_plan_options() -> list[kvcore.planning.PlanOption]:
-    """``cache_mode``: how states are cached (``"align"`` or ``"none"``)."""
+    """``cache_mode``: how states are cached; ``prefill_states``: which a prefill keeps."""
     return [
         kvcore.planning.PlanOption(
             name="cache_mode",
@@ -109,7 +112,15 @@ def kvcore_plan_options() -> list[kvcore.planning.PlanOption]:
             choices=("align", "none"),
             help="align: states cached at block boundaries (prefix caching); "
             "none: one state per request, never cached",
-        )
+        ),
+        kvcore.planning.PlanOption(
+            name="prefill_states",
+            default="every",
+            choices=PREFILL_STATES,
+            help="every: a prefill keeps the state at every block boundary it crosses; "
+            "selective: inside the prompt only at its last boundary and where an earlier "
+            "prompt diverged (align mode)",
+        ),
     ]
 
 

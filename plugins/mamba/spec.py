@@ -21,6 +21,9 @@ from kvcore.specs import (
 __all__ = ["MambaSpec"]
 
 MambaCacheMode = Literal["none", "align"]
+#: Which states a prefill keeps (see :class:`MambaSpec`).
+PrefillStates = Literal["every", "selective"]
+PREFILL_STATES: tuple[PrefillStates, ...] = ("every", "selective")
 
 
 def _convert_shapes(value: Iterable[Iterable[int]]) -> tuple[tuple[int, ...], ...]:
@@ -49,6 +52,16 @@ def _check_cache_mode(instance: object, attribute: Any, value: object) -> None:
         msg = (
             f"MambaSpec.mamba_cache_mode must be 'none' (one state per request, never "
             f"cached) or 'align' (states cached at block boundaries), got {value!r}"
+        )
+        raise InvalidSpecError(msg)
+
+
+def _check_prefill_states(instance: object, attribute: Any, value: object) -> None:
+    if value not in PREFILL_STATES:
+        msg = (
+            f"MambaSpec.prefill_states must be 'every' (a state at every block boundary a "
+            f"prefill crosses) or 'selective' (only where a prefix is likely to be reused), "
+            f"got {value!r}"
         )
         raise InvalidSpecError(msg)
 
@@ -83,6 +96,15 @@ class MambaSpec(KVCacheSpec):
             prefix-cached (``block_size`` is then at least the model length).
             ``"align"``: ``block_size`` equals the attention block size, and
             the state at every block boundary can be cached and hit.
+        prefill_states: Which block-boundary states a prefill keeps, in
+            ``"align"`` mode. ``"every"``: each one it crosses (the
+            reference engine's rule). ``"selective"``: inside the prompt,
+            only the last boundary of the prompt (where a conversation's
+            next turn diverges) and the deepest boundary an earlier prompt
+            also crossed (where two prompts diverge); the others get null
+            blocks, so they take no memory and are never hit. States past
+            the prompt and the block holding the running state are kept as
+            under ``"every"``.
     """
 
     kind: ClassVar[str] = "mamba"
@@ -94,6 +116,7 @@ class MambaSpec(KVCacheSpec):
     mamba_type: str = "mamba2"
     num_speculative_blocks: int = attrs.field(default=0, validator=non_negative_int)
     mamba_cache_mode: MambaCacheMode = attrs.field(default="none", validator=_check_cache_mode)
+    prefill_states: PrefillStates = attrs.field(default="every", validator=_check_prefill_states)
 
     def __attrs_post_init__(self) -> None:
         if len(self.dtypes) != len(self.shapes):
@@ -110,7 +133,9 @@ class MambaSpec(KVCacheSpec):
         ``"none"``: one state plus the speculative slots. ``"align"``: the
         blocks a step can span (one per ``block_size`` tokens of one step,
         plus the block holding the previous state) plus the speculative
-        slots, capped at one per block of ``max_model_len``.
+        slots, capped at one per block of ``max_model_len``. With
+        ``prefill_states="selective"`` a step keeps at most four of them
+        (the previous state, two kept boundaries, the running state).
         """
         if self.mamba_cache_mode == "none":
             slots = 1 + self.num_speculative_blocks
@@ -119,6 +144,8 @@ class MambaSpec(KVCacheSpec):
             slots = min(
                 cdiv(step_tokens, self.block_size) + 1, cdiv(limits.max_model_len, self.block_size)
             )
+            if self.prefill_states == "selective" and slots > 4:
+                slots = 4
             slots += self.num_speculative_blocks
         return slots * self.page_size_bytes
 
@@ -144,6 +171,7 @@ class MambaSpec(KVCacheSpec):
         return (
             type(self),
             self.mamba_cache_mode,
+            self.prefill_states,
             self.num_speculative_blocks,
             self.page_size_bytes,
         )

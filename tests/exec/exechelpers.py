@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import kvcore
 from kvcore.executor import (
     EngineConfig,
@@ -25,6 +27,7 @@ def tiny_plan(
     dtype: str | None = None,
     pool: str = "shared",
     mamba_checkpoint: int | None = None,
+    plan_options: dict[str, str] | None = None,
 ) -> kvcore.KVCachePlan:
     """A tiny model's plan with a pool of ``pressure`` times what one longest request needs.
 
@@ -40,6 +43,7 @@ def tiny_plan(
         dtype=dtype,
         pool=pool,
         mamba_checkpoint=mamba_checkpoint,
+        options=plan_options,
     )
     path = tiny_model_path(name)
     base = kvcore.plan(path, memory="64MiB", **options)
@@ -57,6 +61,15 @@ def is_encoder_decoder(plan: kvcore.KVCachePlan) -> bool:
     return any(spec.kind == "cross_attention" for spec in plan.layer_specs.values())
 
 
+def _after_step(
+    engine: ReferenceEngine, invariants: bool, on_step: Callable[[ReferenceEngine], None] | None
+) -> None:
+    if invariants:
+        check_manager_invariants(engine.manager)
+    if on_step is not None:
+        on_step(engine)
+
+
 def run_engine(
     plan: kvcore.KVCachePlan,
     *,
@@ -66,8 +79,12 @@ def run_engine(
     seed: int = 0,
     max_output: int = 12,
     invariants: bool = True,
+    on_step: Callable[[ReferenceEngine], None] | None = None,
 ) -> tuple[Executor, ReferenceEngine, ExecutionReport]:
-    """Serve synthetic requests through the plan's cache; check invariants after every step."""
+    """Serve synthetic requests through the plan's cache; check invariants after every step.
+
+    ``on_step`` is called after every step too (after the invariants).
+    """
     encoder = is_encoder_decoder(plan)
     executor = Executor.from_plan(plan, enable_caching=not encoder, use_eagle=use_eagle, seed=seed)
     requests = synthetic_requests(
@@ -81,7 +98,7 @@ def run_engine(
         executor,
         requests,
         config or EngineConfig(reset_prefix_cache_at=(15,)),
-        on_step=(lambda e: check_manager_invariants(e.manager)) if invariants else None,
+        on_step=lambda e: _after_step(e, invariants, on_step),
     )
     engine.run()
     return executor, engine, executor.check()

@@ -66,13 +66,16 @@ def chunked(chunk: int, block_size: int = 16) -> ChunkedLocalAttentionSpec:
     )
 
 
-def mamba(block_size: int = 16, mode: str = "align", spec_blocks: int = 0) -> MambaSpec:
+def mamba(
+    block_size: int = 16, mode: str = "align", spec_blocks: int = 0, prefill_states: str = "every"
+) -> MambaSpec:
     return MambaSpec(
         block_size=block_size,
         shapes=((2, 8), (4, 8)),
         dtypes=("float32", "float32"),
         mamba_cache_mode=mode,
         num_speculative_blocks=spec_blocks,
+        prefill_states=prefill_states,
     )
 
 

@@ -53,6 +53,16 @@ CONFIGS = [
     ("full+sliding_window+mamba_align", [full(4), sw(13, 4), mamba(4)], 30, {}, {}),
     ("full8+sliding_window4", [full(8), sw(16, 4)], 35, {}, {}),
     ("full4+mamba8", [full(4), mamba(8)], 35, {}, {}),
+    # selective prefill states: nulls between kept states
+    ("mamba_selective", [mamba(4, prefill_states="selective")], 14, {}, {}),
+    (
+        "full+mamba_selective",
+        [full(4), mamba(4, spec_blocks=1, prefill_states="selective")],
+        35,
+        {},
+        {},
+    ),
+    ("full4+mamba8_selective", [full(4), mamba(8, prefill_states="selective")], 35, {}, {}),
     ("full8+sw4+mamba8", [full(8), sw(9, 4), mamba(8)], 30, {}, {}),
     ("eagle:full+sliding_window", [full(4), sw(17, 4)], 35, {"use_eagle": True}, {}),
     ("eagle:full8+sw4", [full(8), sw(12, 4)], 35, {"use_eagle": True}, {}),
