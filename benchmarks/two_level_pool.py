@@ -20,12 +20,19 @@ with ``--record``:
     state memory per request, hit rate, preemptions
     (``mamba-checkpoint-sweep.json``, and the plot
     ``docs/_static/mamba-checkpoint-sweep.svg``).
+``states``
+    Which states a prefill keeps (the plan option ``mamba.prefill_states``,
+    ``every`` or ``selective``) under the two-level pool, next to the shared
+    pool: the built-in workload for each model at each memory, and the first
+    1,000 requests of the conversation trace at 80 GiB
+    (``mamba-prefill-states.json``).
 
 Run (from the repository root; a few minutes each on one core)::
 
     python benchmarks/two_level_pool.py builtin --record
     python benchmarks/two_level_pool.py mooncake --record
     python benchmarks/two_level_pool.py sweep --record
+    python benchmarks/two_level_pool.py states --record
 
 The trace is read from ``../shared/data/mooncake/`` (or ``KVCORE_DATA``) in
 place.
@@ -58,6 +65,7 @@ MODELS = ("qwen3-next-80b", "jamba-v0.1")
 MEMORIES = ("80GiB", "8GiB")
 POOLS: tuple[PoolChoice, ...] = ("shared", "two-level")
 CHECKPOINTS = (16, 256, 512, 1024, 2048)
+PREFILL_STATES = ("every", "selective")
 MOONCAKE_REQUESTS = 1000
 SWEEP_PLOT = REPO / "docs" / "_static" / "mamba-checkpoint-sweep.svg"
 
@@ -346,9 +354,61 @@ def _sweep_plot(runs: dict[str, dict[str, Any]], checkpoints: Sequence[int]) -> 
     )
 
 
+# -- states -----------------------------------------------------------------------------
+
+
+def _states_options(model: str, memory: str, variant: str) -> SimulationOptions:
+    """``variant``: ``"shared"``, or the two-level pool with that ``prefill_states``."""
+    if variant == "shared":
+        return SimulationOptions(model=model, memory=memory, pool="shared")
+    return SimulationOptions(
+        model=model,
+        memory=memory,
+        pool="two-level",
+        plan_options={"mamba.prefill_states": variant},
+    )
+
+
+def states(recorder: Recorder) -> None:
+    """Every or selective prefill states (two-level pool), next to the shared pool."""
+    variants = ("shared", *PREFILL_STATES)
+    runs: dict[str, dict[str, Any]] = {}
+    header = (
+        "model", "memory", "pool, prefill states", "hit rate", "share of the 16-token ceiling",
+        "preemptions", "peak running", "state held per running request",
+    )  # fmt: skip
+    for name, workload, memories in (
+        ("builtin", load_workload(), MEMORIES),
+        ("mooncake", load_workload(CONVERSATION_TRACE, limit=MOONCAKE_REQUESTS), ("80GiB",)),
+    ):
+        rows = []
+        for model in MODELS:
+            for memory in memories:
+                for variant in variants:
+                    key = f"{name}-{model}-{memory}-{variant}"
+                    options = _states_options(model, memory, variant)
+                    row = runs[key] = CACHE.run(f"states-{key}", workload, options)
+                    _say(key, row)
+                    held = _mib(row["held_state_bytes"]) if "held_state_bytes" in row else ""
+                    pool = "shared" if variant == "shared" else f"two-level, {variant}"
+                    rows.append((
+                        model, memory.replace("GiB", " GiB"), pool, percent(row["hit_rate"]),
+                        percent(row["of_fine_ceiling"]), f"{row['preemptions']:,}",
+                        f"{row['peak_running']:,}", held,
+                    ))  # fmt: skip
+                    recorder.figure(f"{key}-hit-rate", percent(row["hit_rate"]))
+                    recorder.figure(f"{key}-of-fine-ceiling", percent(row["of_fine_ceiling"]))
+                    recorder.figure(f"{key}-preemptions", f"{row['preemptions']:,}")
+        what = "the built-in workload" if name == "builtin" else (
+            f"the first {MOONCAKE_REQUESTS:,} requests of the conversation trace"
+        )  # fmt: skip
+        recorder.tables[name] = table(f"Prefill states on {what}", header, rows)
+    recorder.data["runs"] = runs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("measurement", choices=("builtin", "mooncake", "sweep"))
+    parser.add_argument("measurement", choices=("builtin", "mooncake", "sweep", "states"))
     parser.add_argument("--record", action="store_true", help="write the record")
     parser.add_argument(
         "--checkpoints", type=lambda text: [int(t) for t in text.split(",")],
@@ -364,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         "builtin": "two-level-builtin",
         "mooncake": "two-level-mooncake",
         "sweep": "mamba-checkpoint-sweep",
+        "states": "mamba-prefill-states",
     }
     given = list(argv if argv is not None else sys.argv[1:])
     if args.cache is not None:  # where runs are kept is no part of the measurement
@@ -375,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         builtin(recorder)
     elif args.measurement == "mooncake":
         mooncake(recorder)
+    elif args.measurement == "states":
+        states(recorder)
     else:
         sweep(recorder, args.checkpoints)
     recorder.write()
