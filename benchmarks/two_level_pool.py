@@ -24,8 +24,8 @@ with ``--record``:
     Which states a prefill keeps (the plan option ``mamba.prefill_states``,
     ``every`` or ``selective``) under the two-level pool, next to the shared
     pool: the built-in workload for each model at each memory, and the first
-    1,000 requests of the conversation trace at 80 GiB
-    (``mamba-prefill-states.json``).
+    1,000 requests of the conversation trace at 80 GiB under every eviction
+    policy (``mamba-prefill-states.json``).
 
 Run (from the repository root; a few minutes each on one core)::
 
@@ -357,53 +357,92 @@ def _sweep_plot(runs: dict[str, dict[str, Any]], checkpoints: Sequence[int]) -> 
 # -- states -----------------------------------------------------------------------------
 
 
-def _states_options(model: str, memory: str, variant: str) -> SimulationOptions:
+def _states_options(
+    model: str, memory: str, variant: str, eviction: str = "lru"
+) -> SimulationOptions:
     """``variant``: ``"shared"``, or the two-level pool with that ``prefill_states``."""
     if variant == "shared":
-        return SimulationOptions(model=model, memory=memory, pool="shared")
+        return SimulationOptions(model=model, memory=memory, pool="shared", eviction=eviction)
     return SimulationOptions(
         model=model,
         memory=memory,
         pool="two-level",
+        eviction=eviction,
         plan_options={"mamba.prefill_states": variant},
     )
 
 
+STATES_VARIANTS = ("shared", *PREFILL_STATES)
+
+
 def states(recorder: Recorder) -> None:
     """Every or selective prefill states (two-level pool), next to the shared pool."""
-    variants = ("shared", *PREFILL_STATES)
     runs: dict[str, dict[str, Any]] = {}
+    _states_builtin(recorder, runs)
+    _states_policies(recorder, runs)
+    recorder.data["runs"] = runs
+
+
+def _states_builtin(recorder: Recorder, runs: dict[str, dict[str, Any]]) -> None:
+    """The built-in workload, each model at each memory, under ``lru``."""
+    workload = load_workload()
     header = (
         "model", "memory", "pool, prefill states", "hit rate", "share of the 16-token ceiling",
         "preemptions", "peak running", "state held per running request",
     )  # fmt: skip
-    for name, workload, memories in (
-        ("builtin", load_workload(), MEMORIES),
-        ("mooncake", load_workload(CONVERSATION_TRACE, limit=MOONCAKE_REQUESTS), ("80GiB",)),
-    ):
-        rows = []
-        for model in MODELS:
-            for memory in memories:
-                for variant in variants:
-                    key = f"{name}-{model}-{memory}-{variant}"
-                    options = _states_options(model, memory, variant)
-                    row = runs[key] = CACHE.run(f"states-{key}", workload, options)
-                    _say(key, row)
-                    held = _mib(row["held_state_bytes"]) if "held_state_bytes" in row else ""
-                    pool = "shared" if variant == "shared" else f"two-level, {variant}"
-                    rows.append((
-                        model, memory.replace("GiB", " GiB"), pool, percent(row["hit_rate"]),
-                        percent(row["of_fine_ceiling"]), f"{row['preemptions']:,}",
-                        f"{row['peak_running']:,}", held,
-                    ))  # fmt: skip
-                    recorder.figure(f"{key}-hit-rate", percent(row["hit_rate"]))
-                    recorder.figure(f"{key}-of-fine-ceiling", percent(row["of_fine_ceiling"]))
-                    recorder.figure(f"{key}-preemptions", f"{row['preemptions']:,}")
-        what = "the built-in workload" if name == "builtin" else (
-            f"the first {MOONCAKE_REQUESTS:,} requests of the conversation trace"
-        )  # fmt: skip
-        recorder.tables[name] = table(f"Prefill states on {what}", header, rows)
-    recorder.data["runs"] = runs
+    rows = []
+    for model in MODELS:
+        for memory in MEMORIES:
+            for variant in STATES_VARIANTS:
+                key = f"builtin-{model}-{memory}-{variant}"
+                options = _states_options(model, memory, variant)
+                row = runs[key] = CACHE.run(f"states-{key}", workload, options)
+                _say(key, row)
+                held = _mib(row["held_state_bytes"]) if "held_state_bytes" in row else ""
+                pool = "shared" if variant == "shared" else f"two-level, {variant}"
+                rows.append((
+                    model, memory.replace("GiB", " GiB"), pool, percent(row["hit_rate"]),
+                    percent(row["of_fine_ceiling"]), f"{row['preemptions']:,}",
+                    f"{row['peak_running']:,}", held,
+                ))  # fmt: skip
+                recorder.figure(f"{key}-hit-rate", percent(row["hit_rate"]))
+                recorder.figure(f"{key}-of-fine-ceiling", percent(row["of_fine_ceiling"]))
+                recorder.figure(f"{key}-preemptions", f"{row['preemptions']:,}")
+    title = "Prefill states on the built-in workload"
+    recorder.tables["builtin"] = table(title, header, rows)
+
+
+def _states_policies(recorder: Recorder, runs: dict[str, dict[str, Any]]) -> None:
+    """The first requests of the conversation trace at 80 GiB, every eviction policy."""
+    workload = load_workload(CONVERSATION_TRACE, limit=MOONCAKE_REQUESTS)
+    lower = dict.fromkeys(PREFILL_STATES, 0)
+    rows = []
+    for model in MODELS:
+        for policy in available_eviction_policies():
+            cells = {}
+            for variant in STATES_VARIANTS:
+                key = f"mooncake-{model}-{policy}-{variant}"
+                options = _states_options(model, "80GiB", variant, policy)
+                cells[variant] = runs[key] = CACHE.run(f"states-{key}", workload, options)
+                _say(key, cells[variant])
+                recorder.figure(f"{key}-hit-rate", percent(cells[variant]["hit_rate"]))
+            for variant in PREFILL_STATES:
+                lower[variant] += cells[variant]["hit_rate"] < cells["shared"]["hit_rate"]
+            rows.append((
+                model, policy, *(percent(cells[v]["hit_rate"]) for v in STATES_VARIANTS),
+                percent(cells["shared"]["fine_ceiling_rate"]),
+            ))  # fmt: skip
+    for variant, count in lower.items():
+        recorder.figure(f"mooncake-{variant}-lower", f"{count} of {len(rows)}")
+    header = (
+        "model", "policy", "shared", "two-level, every", "two-level, selective",
+        "ceiling at 16 tokens",
+    )  # fmt: skip
+    title = (
+        f"Prefill states on the first {MOONCAKE_REQUESTS:,} requests of the conversation "
+        "trace at 80 GiB, every eviction policy (prompt tokens hit)"
+    )
+    recorder.tables["mooncake"] = table(title, header, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
