@@ -216,11 +216,49 @@ class ClassPool(BlockPool):
         self._spares.extend(reversed(blocks))
 
     def _release(self, blocks: Sequence[int]) -> list[int]:
-        released = super()._release(blocks)
-        if released:
-            self._pages.freed(self._klass, released)
-            self._ages.stamp(released, self._pages.clock)
-        return released
+        """As the block pool's, except that a block freed caching nothing becomes a spare.
+
+        Such a block (a request's running state, a partly filled last block)
+        holds nothing a hit could use, so it is taken before any queued block,
+        whose cache the policy would evict; in the queue it would wait its
+        turn behind cached blocks. Returns the blocks that became free, the
+        queued ones in queue order, then the spared ones.
+        """
+        spared, queued = self._split_uncached(blocks)
+        released = super()._release(queued) if queued else []
+        if spared:
+            ref = self._ref
+            for block in spared:
+                ref[block] = 0
+            # The spare taken next is the last: the first block given goes first.
+            self._spares.extend(reversed(spared))
+            self.record(self._unspare_freed, spared)
+        freed = released + spared
+        if freed:
+            self._pages.freed(self._klass, freed)
+            if released:
+                self._ages.stamp(released, self._pages.clock)
+        return freed
+
+    def _split_uncached(self, blocks: Sequence[int]) -> tuple[list[int], Sequence[int]]:
+        """The blocks this release frees that cache nothing, and the rest (for the queue).
+
+        A block listed twice stays with the rest, whose release finds the double free.
+        """
+        ref, hash_of = self._ref, self._hash
+        spared = [b for b in blocks if b and ref[b] == 1 and hash_of[b] is None]
+        if not spared:
+            return [], blocks
+        if len(set(spared)) != len(spared):
+            return [], blocks
+        chosen = set(spared)
+        return spared, [block for block in blocks if block not in chosen]
+
+    def _unspare_freed(self, blocks: list[int]) -> None:
+        del self._spares[len(self._spares) - len(blocks) :]
+        ref = self._ref
+        for block in blocks:
+            ref[block] = 1
 
     def _touch(self, blocks: Sequence[int]) -> list[int]:
         revived = super()._touch(blocks)

@@ -158,8 +158,9 @@ def test_a_page_leaving_its_class_withdraws_its_free_blocks_from_the_policy():
     first, second = pool.pool_of(0), pool.pool_of(1)
     request = hashed("a", [1, 2, 3, 4, 5])
     blocks = first.get_new_blocks(2)  # large page 1: small pages 2, 3
-    first.cache_full_blocks(request, blocks, 0, 1, 2, 0)  # block 2 cached, block 3 not
+    first.cache_full_blocks(request, blocks, 0, 2, 2, 0)
     first.free_blocks(blocks[::-1])
+    first.evict_blocks([3])  # block 3 stays queued, caching nothing
     assert list(policies[0]) == [3, 2]
     second.get_new_blocks(8)  # large pages 2 and 3
     # Class 1 takes class 0's fully free page 1: both its free blocks leave
@@ -175,6 +176,35 @@ def test_a_page_leaving_its_class_withdraws_its_free_blocks_from_the_policy():
     second.free_blocks([block])
     second.touch([block])
     assert policies[1].left == [("revive", block, True)]
+    pool.check_invariants()
+
+
+def test_a_block_freed_caching_nothing_is_taken_before_the_cached_ones():
+    """Block 3 is freed uncached: it becomes a spare, so the next block taken is 3, not 2.
+
+    Block 2, freed cached, stays in the policy's queue and keeps its hash.
+    """
+    pool = pool_of()
+    first = pool.pool_of(0)
+    request = hashed("a", [1, 2, 3, 4, 5])
+    blocks = first.get_new_blocks(2)  # large page 1: small pages 2, 3
+    first.cache_full_blocks(request, blocks, 0, 1, 2, 0)  # block 2 cached, block 3 not
+    first.free_blocks(blocks[::-1])
+    assert first.free_block_ids() == [3, 2]  # in the order they are taken
+    assert first.num_spares() == 1
+    assert first.get_new_blocks(1) == [3]
+    assert first.block_hash(2) is not None
+    pool.check_invariants()
+
+
+def test_a_rolled_back_release_takes_the_spared_block_back():
+    pool = pool_of()
+    first = pool.pool_of(0)
+    (block,) = first.get_new_blocks(1)
+    with pytest.raises(kvcore.errors.DoubleFreeError), pool.transaction():
+        first._release([block, block])
+    assert first.ref_count(block) == 1
+    assert first.num_spares() == 1  # the other small page of its large page
     pool.check_invariants()
 
 
