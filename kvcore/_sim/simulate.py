@@ -59,7 +59,13 @@ def _hash_algorithm(instance: object, attribute: attrs.Attribute[Any], value: An
         raise InvalidConfigError(msg)
 
 
-def _plan_options(value: Mapping[str, str]) -> dict[str, str]:
+def _plan_options(value: object) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        msg = (
+            f"plan_options must be a mapping of plan options to values, "
+            f"{{'PLUGIN.NAME': 'VALUE'}}, got {value!r}"
+        )
+        raise InvalidConfigError(msg)
     return dict(value)
 
 

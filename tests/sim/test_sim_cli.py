@@ -210,3 +210,14 @@ def test_every_option_is_in_the_cli_reference(subcommand):
     assert options
     missing = [o for o in options if f".. option:: {o}" not in section]
     assert not missing, f"docs/reference/cli.rst, kvcore {subcommand}: undocumented {missing}"
+
+
+def test_simulate_takes_a_plugins_plan_option(capsys):
+    argv = ["qwen3-next-80b", "--pool", "two-level", "--limit", "20"]
+    every = run_json(capsys, *argv)
+    selective = run_json(capsys, *argv, "--option", "mamba.prefill_states=selective")
+    # The same requests, planned alike: only which states the prefills keep differs.
+    assert selective["plan"] == every["plan"]
+    assert selective["prefix_cache"]["prompt_tokens"] == every["prefix_cache"]["prompt_tokens"]
+    assert main(["simulate", *argv, "--option", "mamba.prefill_states=some"]) == 2
+    assert "must be one of 'every', 'selective', got 'some'" in capsys.readouterr().err

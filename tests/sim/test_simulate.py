@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from simhelpers import explicit
 
+from kvcore._plugin_loader import load_registry
 from kvcore._sim import SimulationOptions, load_workload, simulate
 from kvcore._sim.report import format_report
+from kvcore._sim.simulate import plan_for
 from kvcore._sim.workload import Workload
 from kvcore.errors import InvalidConfigError
 
@@ -113,3 +115,25 @@ def test_no_hybrid_plans_windowed_layers_as_full_attention():
     assert [g.kind for g in report.plan.groups] == ["full_attention"]
     assert report.plan.groups[0].layers == 24
     assert report.finished == 50
+
+
+def test_plan_options_reach_the_plan():
+    options = SimulationOptions(
+        model="qwen3-next-80b", pool="two-level", plan_options={"mamba.prefill_states": "selective"}
+    )
+    plan = plan_for(options, load_registry())
+    states = [s for s in plan.layer_specs.values() if s.kind == "mamba"]
+    assert len(states) == 36
+    assert {s.prefill_states for s in states} == {"selective"}
+
+
+@pytest.mark.parametrize("value", [5, 1.5, "mamba.prefill_states=selective", None])
+def test_plan_options_must_be_a_mapping(value):
+    with pytest.raises(InvalidConfigError, match=r"plan_options must be a mapping .* got "):
+        SimulationOptions(plan_options=value)
+
+
+def test_a_plan_option_value_no_plugin_accepts_is_refused():
+    options = SimulationOptions(model="qwen3-next-80b", plan_options={"mamba.prefill_states": 3})
+    with pytest.raises(InvalidConfigError, match=r"must be one of 'every', 'selective', got 3"):
+        simulate(load_workload(limit=5), options)
