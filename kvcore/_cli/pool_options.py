@@ -26,8 +26,7 @@ def add_pool_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="TOKENS",
         help="tokens between two cached states of a group of recurrent states cached on a "
-        "grid, a multiple of the attention block size (default under the two-level pool: the "
-        "largest block size x 2^k whose attention KV costs no more than one checkpoint's "
-        f"states, {DEFAULT_MAMBA_CHECKPOINT} for a model without attention layers; under the "
-        "shared pool only the raised block size is accepted)",
+        "grid, a multiple of the attention block size (default under the two-level pool: "
+        f"{DEFAULT_MAMBA_CHECKPOINT}; under the shared pool only the raised block size is "
+        "accepted)",
     )

@@ -99,8 +99,7 @@ def two_level_notes(
     if refused is not None:
         notes.append(
             f"recurrent states cached every {checkpoint} tokens, every attention block, not "
-            f"every {default_mamba_checkpoint(layer_specs, block_size)}: with prefix caching "
-            f"on, {refused}"
+            f"every {default_mamba_checkpoint(block_size)}: with prefix caching on, {refused}"
         )
     elif checkpoint is not None:
         where = "every attention block" if checkpoint == block_size else "not every attention block"

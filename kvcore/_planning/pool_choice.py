@@ -43,9 +43,9 @@ ResolvedPool = Literal["shared", "two-level"]
 #: The values ``pool`` takes.
 POOLS: Final[tuple[PoolChoice, ...]] = ("auto", "shared", "two-level")
 #: Tokens between two cached states of a Mamba group under the two-level pool
-#: when ``mamba_checkpoint`` is not given and the model has no attention layer
-#: to weigh the states against (rounded up to a multiple of the block size);
-#: with attention layers the default is :func:`default_mamba_checkpoint`'s.
+#: when ``mamba_checkpoint`` is not given (rounded up to a multiple of the
+#: attention block size). Provisional: about the 544-token grid the shared
+#: pool gives Qwen3-Next, with the state slots a step spans no more than there.
 DEFAULT_MAMBA_CHECKPOINT: Final = 512
 
 
@@ -73,39 +73,9 @@ def resolve_pool(pool: object, layer_specs: Mapping[str, KVCacheSpec]) -> Resolv
     return "two-level" if pool == "two-level" else "shared"
 
 
-def default_mamba_checkpoint(layer_specs: Mapping[str, KVCacheSpec], block_size: int) -> int:
-    """Tokens between two cached states when ``mamba_checkpoint`` is not given.
-
-    One checkpoint's states (one per layer that caches states on a grid) are
-    weighed against the attention KV (every layer whose page follows the
-    block size) of the tokens between two checkpoints: the default is the
-    largest ``block_size * 2**k`` whose attention KV costs no more than one
-    checkpoint's states, and at least ``block_size``. A checkpoint then costs
-    one to two times the attention blocks it makes reusable. On the
-    benchmarks page's checkpoint sweep this picks the best grid of each
-    model: 1,024 tokens for Qwen3-Next-80B, 512 for Jamba-v0.1 (16-token
-    blocks). A model without such attention layers gets
-    :data:`DEFAULT_MAMBA_CHECKPOINT`, rounded up to a multiple of
-    ``block_size``.
-
-    Args:
-        layer_specs: Every layer's spec as built (state layers at their
-            natural page).
-        block_size: The attention block size, in tokens.
-    """
-    states = _checkpointed(layer_specs, block_size)
-    state_bytes = sum(layer_specs[name].page_size_bytes for name in states)
-    attention_bytes_per_token = sum(
-        spec.page_size_bytes / spec.block_size
-        for spec in layer_specs.values()
-        if spec.page_size_follows_block_size
-    )
-    if not attention_bytes_per_token:
-        return block_size * cdiv(DEFAULT_MAMBA_CHECKPOINT, block_size)
-    tokens = block_size
-    while 2 * tokens * attention_bytes_per_token <= state_bytes:
-        tokens *= 2
-    return tokens
+def default_mamba_checkpoint(block_size: int) -> int:
+    """:data:`DEFAULT_MAMBA_CHECKPOINT` rounded up to a multiple of ``block_size``."""
+    return block_size * cdiv(DEFAULT_MAMBA_CHECKPOINT, block_size)
 
 
 def _checkpointed(layer_specs: Mapping[str, KVCacheSpec], tokens: int) -> dict[str, KVCacheSpec]:
@@ -141,7 +111,7 @@ def checkpoint_states(
     Args:
         layer_specs: Every layer's spec as built.
         checkpoint: Tokens between cached states; ``None``: the default
-            (:func:`default_mamba_checkpoint` of ``layer_specs``).
+            (:func:`default_mamba_checkpoint`).
         block_size: The attention block size asked for.
         model: The model's name, for messages.
 
@@ -153,17 +123,16 @@ def checkpoint_states(
         InvalidConfigError: ``checkpoint`` is not a positive multiple of
             ``block_size``, or is given for a model without such states.
     """
-    default = default_mamba_checkpoint(layer_specs, block_size)
     if checkpoint is not None and (
         type(checkpoint) is not int or checkpoint <= 0 or checkpoint % block_size
     ):
         msg = (
             f"mamba_checkpoint must be a positive multiple of the attention block size "
             f"({block_size} tokens): {block_size}, {2 * block_size}, {3 * block_size}, ... "
-            f"(default {default} for {model}); got {checkpoint!r}"
+            f"(default {default_mamba_checkpoint(block_size)}); got {checkpoint!r}"
         )
         raise InvalidConfigError(msg)
-    tokens = default if checkpoint is None else checkpoint
+    tokens = default_mamba_checkpoint(block_size) if checkpoint is None else checkpoint
     moved = _checkpointed(layer_specs, tokens)
     if not moved:
         if checkpoint is not None:

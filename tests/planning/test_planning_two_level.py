@@ -2,8 +2,8 @@
 
 Every figure below is derived in the docstrings from the shipped configs'
 page sizes (the shared-pool tests in ``test_planning_models`` derive the
-same pages): 16-token attention blocks, states checkpointed on the default
-grid (worked out per model below), 8,192 batched tokens per step, 80 GiB.
+same pages): 16-token attention blocks, states checkpointed every 512 tokens
+(the default), 8,192 batched tokens per step, 80 GiB.
 """
 
 from __future__ import annotations
@@ -48,20 +48,17 @@ def test_qwen3_next_80b_by_hand():
     Their lcm, 2^15 × 67 = 2,195,456, is twice the state page: no padding,
     67 attention pages or 2 states per large page. Groups of 12 (3 state
     groups, 1 attention group), so 12 runs: a large page id costs 12 ×
-    2,195,456 = 26,345,472 bytes and 80 GiB holds 3,260 (3,260.5).
-    Default grid: one checkpoint's states, 36 × 1,097,728 = 39,518,208
-    bytes, cost the attention KV of 39,518,208 / (12 × 2,048) = 1,608
-    tokens; the largest 16 × 2^k not above it is 1,024. At 262,144 tokens a
-    request holds 16,384 attention pages, ceil(16,384 / 67) = 245 large
-    pages, and per state group ceil(8,192 / 1,024) + 1 = 9 states, 27 in
-    all, ceil(27 / 2) = 14 large pages: 259, and with large page 0 260 ×
-    26,345,472 = 6,849,822,720 bytes. Concurrency: 3,259 usable large pages
-    over 16,384 / 67 + 27 / 2 = 258.04 per request = 12.630.
+    2,195,456 = 26,345,472 bytes and 80 GiB holds 3,260 (3,260.5). At
+    262,144 tokens a request holds 16,384 attention pages, ceil(16,384 / 67)
+    = 245 large pages, and per state group ceil(8,192 / 512) + 1 = 17
+    states, 51 in all, ceil(51 / 2) = 26 large pages: 271, and with large
+    page 0 272 × 26,345,472 = 7,165,968,384 bytes. Concurrency: 3,259 usable
+    large pages over 16,384 / 67 + 51 / 2 = 270.04 per request = 12.069.
     Waste: large page 0 only, 1 / 3,260 of the pool.
     """
     p = plan("qwen3-next-80b")
     assert p.pool == "two-level"
-    assert shape(p) == [("mamba", 12, 1024)] * 3 + [("full_attention", 12, 16)]
+    assert shape(p) == [("mamba", 12, 512)] * 3 + [("full_attention", 12, 16)]
     classes = p.page_classes
     assert classes.class_page_bytes == classes.natural_page_bytes == (32_768, 1_097_728)
     assert classes.group_classes == (1, 1, 1, 0)
@@ -69,14 +66,14 @@ def test_qwen3_next_80b_by_hand():
     assert [classes.pages_per_large_page(c) for c in (0, 1)] == [67, 2]
     assert p.num_blocks == 3260
     assert p.kv_cache_config.size_bytes == 3260 * 26_345_472
-    assert (p.blocks_per_request, p.large_pages_per_request) == (16_384 + 27, 259)
-    assert p.memory_needed_bytes == 6_849_822_720
-    assert p.max_concurrency == pytest.approx(3259 / (16_384 / 67 + 27 / 2))
-    assert round(p.max_concurrency, 3) == 12.630
+    assert (p.blocks_per_request, p.large_pages_per_request) == (16_384 + 51, 271)
+    assert p.memory_needed_bytes == 7_165_968_384
+    assert p.max_concurrency == pytest.approx(3259 / (16_384 / 67 + 51 / 2))
+    assert round(p.max_concurrency, 3) == 12.069
     assert p.wasted_bytes == 26_345_472
     assert p.waste_fraction == pytest.approx(1 / 3260)
-    assert p.hit_alignment == 1024
-    assert p.mamba_checkpoint == 1024
+    assert p.hit_alignment == 512
+    assert p.mamba_checkpoint == 512
     pool = p.kv_cache_config.page_pool
     assert pool.num_large_pages == p.kv_cache_config.num_blocks == 3260
     assert [pool.num_blocks(c) for c in (0, 1)] == [3260 * 67, 3260 * 2]
@@ -87,9 +84,7 @@ def test_jamba_v0_1_by_hand():
 
     Pages 65,536 = 2^16 and 311,296 = 2^14 × 19: lcm 2^16 × 19 = 1,245,184,
     19 attention pages or 4 states per large page. Groups of 4 (7 state
-    groups): 4 runs, 4,980,736 bytes per large page id, 17,246 in 80 GiB.
-    Default grid: one checkpoint's states, 28 × 311,296 = 8,716,288 bytes,
-    cost the attention KV of 8,716,288 / (4 × 4,096) = 532 tokens: 512. A
+    groups): 4 runs, 4,980,736 bytes per large page id, 17,246 in 80 GiB. A
     262,144-token request: ceil(16,384 / 19) = 863 large pages of attention
     and ceil(7 × 17 / 4) = 30 of states, 893. Concurrency 17,245 / (16,384 /
     19 + 119 / 4) = 19.33 (the shared pool's 80-token blocks: 16.36).
@@ -159,9 +154,9 @@ def test_the_summary_shows_16_token_attention_blocks_and_the_page_classes():
         "large pages:     3260 of 25.12 MiB (79.99 GiB in all), large page 0 reserved for the "
         "null blocks"
     ) in lines
-    assert "one request:     16411 blocks in 259 large pages, 6.38 GiB at 262144 tokens" in lines
+    assert "one request:     16435 blocks in 271 large pages, 6.67 GiB at 262144 tokens" in lines
     assert (
-        "prefix hits:     multiples of 1024 tokens (the lcm of the cached groups' block sizes)"
+        "prefix hits:     multiples of 512 tokens (the lcm of the cached groups' block sizes)"
         in lines
     )
     wasted = next(line for line in lines if line.startswith("wasted:"))
@@ -180,7 +175,7 @@ def test_the_json_carries_the_page_pool():
     }
     classes = data["page_classes"]
     assert classes["pages_per_large_page"] == [67, 2]
-    assert classes["large_pages_per_request"] == 259
+    assert classes["large_pages_per_request"] == 271
     assert classes["waste_breakdown"]["reserved large page"] == 26_345_472
     assert [g["page_class"] for g in data["groups"]] == [1, 1, 1, 0]
     tensors = data["kv_cache_config"]["kv_cache_tensors"]
@@ -259,38 +254,36 @@ def test_two_level_waste_is_under_one_percent(model):
 def test_a_fitted_length_counts_whole_large_pages():
     """qwen3-next-80b in 2 GiB: 2,147,483,648 // 26,345,472 = 81 large pages.
 
-    Large page 0 and 14 for the states (27 states at the default 1,024-token
-    grid) leave 66 for attention: 66 × 67 = 4,422 pages of 16 tokens, 70,752
-    tokens.
+    Large page 0 and 26 for the states leave 54 for attention: 54 × 67 =
+    3,618 pages of 16 tokens, 57,888 tokens.
     """
     p = plan("qwen3-next-80b", memory="2GiB")
     assert p.num_blocks == 81
-    assert p.max_model_len == 70_752
+    assert p.max_model_len == 57_888
     assert p.notes[-1] == (
-        "max_model_len lowered from the model's 262144 to 70752 tokens, the longest request "
+        "max_model_len lowered from the model's 262144 to 57888 tokens, the longest request "
         "that fits"
     )
     with pytest.raises(InsufficientMemoryError) as info:
         plan("qwen3-next-80b", memory="2GiB", max_model_len=262_144)
     message = str(info.value)
-    assert "needs 6849822720 bytes (6.38 GiB) of KV cache, including large page 0" in message
+    assert "needs 7165968384 bytes (6.67 GiB) of KV cache, including large page 0" in message
     assert "in large pages of 26345472 bytes" in message
-    assert message.endswith("lower max_model_len to at most 70752")
+    assert message.endswith("lower max_model_len to at most 57888")
 
 
 def test_num_blocks_counts_large_pages():
     """A 1-token request needs large page 0, one of attention and ceil(3 / 2) = 2 of states.
 
-    With 4 large pages that holds up to 1,024 tokens (one state per group on
-    the default 1,024-token grid, 64 attention pages); at 1,025 each state
-    group holds 2 states, 3 large pages.
+    With 4 large pages that holds up to 512 tokens (one state per group, 32
+    attention pages); at 513 each state group holds 2 states, 3 large pages.
     """
     p = plan("qwen3-next-80b", num_blocks=300, max_model_len=1024)
     assert p.num_blocks == p.kv_cache_config.page_pool.num_large_pages == 300
     assert p.kv_cache_config.size_bytes == 300 * 26_345_472
     with pytest.raises(InsufficientMemoryError, match=r"needs 105381888 bytes \(100.50 MiB\)"):
         plan("qwen3-next-80b", num_blocks=3)
-    assert plan("qwen3-next-80b", num_blocks=4).max_model_len == 1024
+    assert plan("qwen3-next-80b", num_blocks=4).max_model_len == 512
 
 
 def test_the_mamba_checkpoint_sets_the_state_grid():
@@ -302,11 +295,9 @@ def test_the_mamba_checkpoint_sets_the_state_grid():
     assert p.notes == (
         "recurrent states cached every 1024 tokens (mamba_checkpoint), not every attention block",
     )
-    # One checkpoint's states (28 × 311,296 bytes) cost the attention KV of
-    # 8,716,288 / 16,384 = 532 tokens: the default grid is 48 × 8 = 384.
     custom = plan("jamba-v0.1", block_size=48)
-    assert {g.block_size for g in custom.groups} == {48, 384}
-    assert custom.hit_alignment == 384
+    assert {g.block_size for g in custom.groups} == {48, 528}  # 512 rounded up to 11 × 48
+    assert custom.hit_alignment == 528
 
 
 @pytest.mark.parametrize(
@@ -315,7 +306,7 @@ def test_the_mamba_checkpoint_sets_the_state_grid():
         (
             {"mamba_checkpoint": 100},
             r"positive multiple of the attention block size \(16 tokens\)"
-            r": 16, 32, 48, \.\.\. \(default 512 for jamba-v0.1\); got 100",
+            r": 16, 32, 48, \.\.\. \(default 512\); got 100",
         ),
         ({"mamba_checkpoint": 0}, "positive multiple"),
         ({"mamba_checkpoint": "512"}, "positive multiple"),
@@ -468,56 +459,20 @@ def test_the_large_page_follows_the_rule(pages):
     assert large % max(pages) == 0
 
 
-def test_the_default_grid_is_the_block_where_states_are_small():
-    """tiny-hybrid at 4-token blocks: states of 2 × (3 × 16 + 2 × 4 × 4) × 8 = 1,280 bytes.
+def test_the_default_grid_gives_way_to_a_manager_that_refuses_it():
+    """tiny-hybrid's chunked layers need hits aligned to their 4-token block.
 
-    Its 4 attention layers cost 4 × 2 × 2 × 4 × 8 = 512 bytes per token, so
-    one checkpoint's states cost 2.5 tokens of attention KV: the default grid
-    is one attention block.
+    States every 512 tokens would align hits to 512, so the default grid is
+    the block size there; a grid given explicitly is kept (the manager
+    refuses it when prefix caching is on).
     """
     from kvcore.executor import tiny_model_path
 
-    p = kvcore.plan(tiny_model_path("tiny-hybrid"), block_size=4, memory="1MiB")
-    assert p.mamba_checkpoint == p.hit_alignment == 4
-    assert p.notes[0] == (
-        "recurrent states cached every 4 tokens (mamba_checkpoint), every attention block"
-    )
-
-
-def test_without_attention_layers_the_default_grid_is_the_fallback(tmp_path):
-    """Only states, nothing to weigh them against: DEFAULT_MAMBA_CHECKPOINT on the block grid.
-
-    512 at 16-token blocks; at 48, 512 rounded up to 11 × 48 = 528.
-    """
-    from kvcore.executor import tiny_model_path
-
-    config = json.loads(tiny_model_path("tiny-hybrid").read_text())
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({**config, "num_hidden_layers": 2, "layer_types": ["mamba2"] * 2}))
-    assert kvcore.planning.DEFAULT_MAMBA_CHECKPOINT == 512
-    for block_size, grid in ((16, 512), (48, 528)):
-        p = kvcore.plan(path, block_size=block_size, memory="1MiB", pool="two-level")
-        assert p.mamba_checkpoint == grid
-        assert [g.block_size for g in p.groups] == [grid]
-
-
-def test_the_default_grid_gives_way_to_a_manager_that_refuses_it(tmp_path):
-    """tiny-hybrid with 32-value Mamba states: its chunked layers need hits aligned to 4 tokens.
-
-    States of (3 × 72 + 2 × 4 × 32) × 8 = 3,776 bytes, two layers, cost
-    7,552 / 512 = 14.75 tokens of attention KV: the default grid would be 8
-    tokens and align hits to 8, so it is the block size there; a grid given
-    explicitly is kept (the manager refuses it when prefix caching is on).
-    """
-    from kvcore.executor import tiny_model_path
-
-    config = json.loads(tiny_model_path("tiny-hybrid").read_text())
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({**config, "mamba_d_state": 32}))
+    path = tiny_model_path("tiny-hybrid")
     p = kvcore.plan(path, block_size=4, memory="1MiB", registry=registry())
     assert p.mamba_checkpoint == p.hit_alignment == 4
     assert p.notes[0].startswith(
-        "recurrent states cached every 4 tokens, every attention block, not every 8: with "
+        "recurrent states cached every 4 tokens, every attention block, not every 512: with "
         "prefix caching on, ChunkedLocalAttentionManager needs cache hits aligned to its own "
         "block size (4 tokens)"
     )

@@ -1,16 +1,14 @@
 """What ``kvcore simulate`` reports for a two-level pool, worked out by hand.
 
-qwen3-next-80b plans, under ``pool="two-level"`` with states every 512
-tokens (given, so that hits fall on a grid shorter than the prompts), a
-16-token full-attention group (class 0: 32 KiB pages, 67 to a large page)
-and three Mamba groups of 512-token blocks (class 1: 1.05 MiB pages, 2 to a
-large page); under ``pool="shared"`` four groups of 544-token blocks. Both
-pools' finest block is 16 tokens (the layers as built).
+qwen3-next-80b plans, at the planner's defaults: under ``pool="two-level"``
+a 16-token full-attention group (class 0: 32 KiB pages, 67 to a large page)
+and three Mamba groups checkpointed every 512 tokens (class 1: 1.05 MiB
+pages, 2 to a large page); under ``pool="shared"`` four groups of 544-token
+blocks. Both pools' finest block is 16 tokens (the layers as built).
 """
 
 from __future__ import annotations
 
-import attrs
 import pytest
 from simhelpers import explicit
 
@@ -25,10 +23,7 @@ MODEL = "qwen3-next-80b"
 
 
 def _options(pool: str, memory: str = "2GiB") -> SimulationOptions:
-    checkpoint = 512 if pool == "two-level" else None
-    return SimulationOptions(
-        model=MODEL, memory=memory, max_model_len=8192, pool=pool, mamba_checkpoint=checkpoint
-    )
+    return SimulationOptions(model=MODEL, memory=memory, max_model_len=8192, pool=pool)
 
 
 def _prefix_pair() -> Workload:
@@ -135,7 +130,9 @@ def test_peak_running_requests():
 def test_the_offline_optimum_replays_a_two_level_pool():
     # One oracle per page class, sharing the future uses: with room for
     # everything it hits what LRU hits, the one 512-token block.
-    options = attrs.evolve(_options("two-level"), with_belady=True)
+    options = SimulationOptions(
+        model=MODEL, memory="2GiB", max_model_len=8192, pool="two-level", with_belady=True
+    )
     report = simulate(_prefix_pair(), options)
     assert report.prefix_cache.hit_tokens == 512
     assert report.eviction.belady_hit_tokens == 512
