@@ -16,10 +16,17 @@ with ``--record``:
     (``two-level-mooncake.json``).
 ``sweep``
     The Mamba checkpoint (tokens between two cached states) swept under the
-    two-level pool on the built-in workload, both models at each memory:
-    state memory per request, hit rate, preemptions
+    two-level pool, both models, on three cells: the built-in workload at
+    each memory and the first 1,000 requests of the conversation trace at
+    80 GiB (``lru``): state memory per request, hit rate, preemptions, and
+    the checkpoint that comes closest to each cell's best
     (``mamba-checkpoint-sweep.json``, and the plot
     ``docs/_static/mamba-checkpoint-sweep.svg``).
+``concurrency``
+    Both pools at 8 GiB on the built-in workload with the engine's
+    concurrency capped (``--max-num-seqs``, the same cap for both pools):
+    hit rate, preemptions, simulated time and peak running requests per cap
+    (``two-level-concurrency.json``).
 ``states``
     Which states a prefill keeps (the plan option ``mamba.prefill_states``,
     ``every`` or ``selective``) under the two-level pool, next to the shared
@@ -33,6 +40,7 @@ Run (from the repository root; a few minutes each on one core)::
     python benchmarks/two_level_pool.py mooncake --record
     python benchmarks/two_level_pool.py sweep --record
     python benchmarks/two_level_pool.py states --record
+    python benchmarks/two_level_pool.py concurrency --record
 
 The trace is read from ``../shared/data/mooncake/`` (or ``KVCORE_DATA``) in
 place.
@@ -57,6 +65,7 @@ from kvcore._planning.pool_choice import PoolChoice
 from kvcore._plugin_loader import load_registry
 from kvcore._sim import SimulationOptions, load_workload, simulate
 from kvcore._sim.report import SimulationReport
+from kvcore._sim.scheduler import SchedulerConfig
 from kvcore._sim.simulate import plan_for
 from kvcore._sim.workload import Workload
 from kvcore.errors import KVCoreError
@@ -66,6 +75,8 @@ MEMORIES = ("80GiB", "8GiB")
 POOLS: tuple[PoolChoice, ...] = ("shared", "two-level")
 CHECKPOINTS = (16, 256, 512, 1024, 2048)
 PREFILL_STATES = ("every", "selective")
+#: ``--max-num-seqs`` caps of the concurrency measurement (256: the simulator's default).
+MAX_NUM_SEQS = (16, 24, 32, 40, 48, 64, 256)
 MOONCAKE_REQUESTS = 1000
 SWEEP_PLOT = REPO / "docs" / "_static" / "mamba-checkpoint-sweep.svg"
 
@@ -142,6 +153,7 @@ def _run(workload: Workload, options: SimulationOptions) -> dict[str, Any]:
         "fine_ceiling_rate": pc.fine_ceiling_rate,
         "of_fine_ceiling": pc.fraction_of_fine_ceiling,
         "preemptions": report.preemptions.count,
+        "simulated_s": steps.simulated_s,
         "peak_running": steps.peak_running,
         "mean_running": steps.mean_running,
         "peak_memory_usage": report.blocks.peak_memory_usage,
@@ -218,6 +230,56 @@ def _builtin_figures(recorder: Recorder, runs: dict[str, dict[str, Any]]) -> Non
             recorder.figure(f"{model}-8GiB-preemption-share", percent(share))
 
 
+# -- concurrency ------------------------------------------------------------------------
+
+
+def concurrency(recorder: Recorder) -> None:
+    """Both pools at 8 GiB, both models, the built-in workload, under each concurrency cap."""
+    workload = load_workload()
+    runs: dict[str, dict[str, Any]] = {}
+    rows = []
+    for model in MODELS:
+        for cap in MAX_NUM_SEQS:
+            pair = []
+            for pool in POOLS:
+                key = f"{model}-{cap}-{pool}"
+                options = SimulationOptions(
+                    model=model, memory="8GiB", pool=pool,
+                    scheduler=SchedulerConfig(max_num_seqs=cap),
+                )  # fmt: skip
+                runs[key] = CACHE.run(f"concurrency-{key}", workload, options)
+                _say(key, runs[key])
+                pair.append(runs[key])
+            rows.append(_concurrency_row(recorder, model, cap, *pair))
+    recorder.data["runs"] = runs
+    header = (
+        "model", "max_num_seqs", "hit rate (shared / two-level)", "two-level / shared",
+        "preemptions (shared / two-level)", "simulated s (shared / two-level)",
+        "peak running (shared / two-level)",
+    )  # fmt: skip
+    title = "The built-in workload at 8 GiB, both pools, concurrency capped"
+    recorder.tables["caps"] = table(title, header, rows)
+
+
+def _concurrency_row(
+    recorder: Recorder, model: str, cap: int, shared: dict[str, Any], two: dict[str, Any]
+) -> tuple[str, ...]:
+    hits = two["hit_rate"] / shared["hit_rate"] if shared["hit_rate"] else float("inf")
+    prefix = f"{model}-{cap}"
+    recorder.figure(f"{prefix}-hit-ratio", f"{hits:.2f}×")
+    for pool, row in (("shared", shared), ("two-level", two)):
+        recorder.figure(f"{prefix}-{pool}-hit-rate", percent(row["hit_rate"]))
+        recorder.figure(f"{prefix}-{pool}-preemptions", f"{row['preemptions']:,}")
+        recorder.figure(f"{prefix}-{pool}-simulated", f"{row['simulated_s']:.1f} s")
+        recorder.figure(f"{prefix}-{pool}-peak-running", f"{row['peak_running']:,}")
+    return (
+        model, f"{cap:,}", f"{percent(shared['hit_rate'])} / {percent(two['hit_rate'])}",
+        f"{hits:.2f}×", f"{shared['preemptions']:,} / {two['preemptions']:,}",
+        f"{shared['simulated_s']:.1f} / {two['simulated_s']:.1f}",
+        f"{shared['peak_running']:,} / {two['peak_running']:,}",
+    )  # fmt: skip
+
+
 # -- mooncake ---------------------------------------------------------------------------
 
 
@@ -260,15 +322,27 @@ def mooncake(recorder: Recorder) -> None:
 # -- sweep ------------------------------------------------------------------------------
 
 
+#: The sweep's cells per model: (key, label, memory); ``trace`` is the conversation trace.
+SWEEP_CELLS = (
+    ("80GiB", "built-in, 80 GiB", "80GiB"),
+    ("8GiB", "built-in, 8 GiB", "8GiB"),
+    ("trace", f"trace ({MOONCAKE_REQUESTS:,}), 80 GiB", "80GiB"),
+)
+
+
 def sweep(recorder: Recorder, checkpoints: Sequence[int]) -> None:
     """The Mamba checkpoint under the two-level pool: state memory against hit rate."""
-    workload = load_workload()
+    workloads = {
+        "built-in": load_workload(),
+        "trace": load_workload(CONVERSATION_TRACE, limit=MOONCAKE_REQUESTS),
+    }
     runs: dict[str, dict[str, Any]] = {}
     rows = []
     for model in MODELS:
-        for memory in MEMORIES:
+        for cell, label, memory in SWEEP_CELLS:
+            workload = workloads["trace" if cell == "trace" else "built-in"]
             for checkpoint in checkpoints:
-                key = f"{model}-{memory}-{checkpoint}"
+                key = f"{model}-{cell}-{checkpoint}"
                 options = SimulationOptions(
                     model=model, memory=memory, pool="two-level", mamba_checkpoint=checkpoint
                 )
@@ -279,10 +353,10 @@ def sweep(recorder: Recorder, checkpoints: Sequence[int]) -> None:
                     one = most = 0
                 row.update(state_bytes=one, most_state_bytes=most, checkpoint=checkpoint)
                 _say(key, row)
-                rows.append(_sweep_row(model, memory, row))
+                rows.append(_sweep_row(model, label, row))
     recorder.data["runs"] = runs
     header = (
-        "model", "memory", "checkpoint (tokens)", "state memory per request (at most)",
+        "model", "workload", "checkpoint (tokens)", "state memory per request (at most)",
         "state memory per running request (mean held)", "hit rate",
         "share of the 16-token ceiling", "preemptions", "peak running", "max_model_len",
     )  # fmt: skip
@@ -292,16 +366,16 @@ def sweep(recorder: Recorder, checkpoints: Sequence[int]) -> None:
     print(f"[plot: {SWEEP_PLOT.relative_to(REPO)}]")
 
 
-def _sweep_row(model: str, memory: str, row: dict[str, Any]) -> tuple[str, ...]:
+def _sweep_row(model: str, label: str, row: dict[str, Any]) -> tuple[str, ...]:
     most = _mib(row["most_state_bytes"])
     if "refused" in row:
-        return (model, memory.replace("GiB", " GiB"), str(row["checkpoint"]), most,
+        return (model, label, str(row["checkpoint"]), most,
                 "does not fit", "", "", "", "", "")  # fmt: skip
     longest = f"{row['max_model_len']:,}"
     if row["rejected"]:
         longest += f" ({row['rejected']:,} requests too long)"
     return (
-        model, memory.replace("GiB", " GiB"), str(row["checkpoint"]), most,
+        model, label, str(row["checkpoint"]), most,
         _mib(row["held_state_bytes"]), percent(row["hit_rate"]),
         percent(row["of_fine_ceiling"]), f"{row['preemptions']:,}", f"{row['peak_running']:,}",
         longest,
@@ -309,17 +383,26 @@ def _sweep_row(model: str, memory: str, row: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _best_checkpoint(runs: dict[str, dict[str, Any]], checkpoints: Sequence[int]) -> int:
-    """The checkpoint with the highest mean hit rate over every model and memory.
+    """The checkpoint whose hit rate comes closest to each cell's best, on average.
 
-    A run that cannot be planned counts as no hits; on a tie the larger
-    checkpoint (less state memory) wins.
+    Each (model, cell) counts its hit rate at a checkpoint as a share of the
+    highest any checkpoint reached there, so a cell of low hit rates (the
+    conversation trace) weighs as much as one of high rates; the checkpoint
+    with the highest mean share wins. A run that cannot be planned counts
+    as no hits; on a tie the larger checkpoint (less state memory) wins.
     """
+    cells = [f"{m}-{cell}" for m in MODELS for cell, _, _ in SWEEP_CELLS]
 
-    def mean_hits(checkpoint: int) -> float:
-        cells = [runs[f"{m}-{mem}-{checkpoint}"] for m in MODELS for mem in MEMORIES]
-        return float(sum(c.get("hit_rate", 0.0) for c in cells)) / len(cells)
+    def hits(cell: str, checkpoint: int) -> float:
+        return float(runs[f"{cell}-{checkpoint}"].get("hit_rate", 0.0))
 
-    return max(checkpoints, key=lambda c: (round(mean_hits(c), 4), c))
+    best = {cell: max(hits(cell, c) for c in checkpoints) for cell in cells}
+
+    def mean_share(checkpoint: int) -> float:
+        shares = [hits(cell, checkpoint) / best[cell] if best[cell] else 1.0 for cell in cells]
+        return sum(shares) / len(shares)
+
+    return max(checkpoints, key=lambda c: (round(mean_share(c), 4), c))
 
 
 def _sweep_figures(
@@ -339,15 +422,15 @@ def _sweep_plot(runs: dict[str, dict[str, Any]], checkpoints: Sequence[int]) -> 
     """Hit rate and state memory per running request against the checkpoint, as an SVG."""
     hits, state = {}, {}
     for model in MODELS:
-        for memory in MEMORIES:
-            label = f"{model}, {memory.replace('GiB', ' GiB')}"
-            cells = [(c, runs[f"{model}-{memory}-{c}"]) for c in checkpoints]
+        for cell, cell_label, _ in SWEEP_CELLS:
+            label = f"{model}, {cell_label}"
+            cells = [(c, runs[f"{model}-{cell}-{c}"]) for c in checkpoints]
             hits[label] = [(c, 100 * r["hit_rate"]) for c, r in cells if "refused" not in r]
             state[label] = [
                 (c, r["held_state_bytes"] / 2**20) for c, r in cells if "refused" not in r
             ]
     return line_chart(
-        title="Mamba checkpoint sweep, two-level pool, built-in workload",
+        title="Mamba checkpoint sweep, two-level pool",
         x_label="tokens between two cached states (log scale)",
         x_ticks=list(checkpoints),
         panels=[("prompt tokens hit (%)", hits), ("state held per running request (MiB)", state)],
@@ -447,7 +530,9 @@ def _states_policies(recorder: Recorder, runs: dict[str, dict[str, Any]]) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("measurement", choices=("builtin", "mooncake", "sweep", "states"))
+    parser.add_argument(
+        "measurement", choices=("builtin", "mooncake", "sweep", "states", "concurrency")
+    )
     parser.add_argument("--record", action="store_true", help="write the record")
     parser.add_argument(
         "--checkpoints", type=lambda text: [int(t) for t in text.split(",")],
@@ -464,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         "mooncake": "two-level-mooncake",
         "sweep": "mamba-checkpoint-sweep",
         "states": "mamba-prefill-states",
+        "concurrency": "two-level-concurrency",
     }
     given = list(argv if argv is not None else sys.argv[1:])
     if args.cache is not None:  # where runs are kept is no part of the measurement
@@ -477,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         mooncake(recorder)
     elif args.measurement == "states":
         states(recorder)
+    elif args.measurement == "concurrency":
+        concurrency(recorder)
     else:
         sweep(recorder, args.checkpoints)
     recorder.write()

@@ -19,32 +19,37 @@ svg = load_benchmark("_svg")
 
 
 def _cells(hits: dict[int, list[float]]) -> dict[str, dict[str, float]]:
-    """Runs keyed as the sweep keys them: four cells (model, memory) per checkpoint."""
-    cells = [(m, mem) for m in two_level_pool.MODELS for mem in two_level_pool.MEMORIES]
+    """Runs keyed as the sweep keys them: six cells (model, cell) per checkpoint."""
+    cells = [(m, c) for m in two_level_pool.MODELS for c, _, _ in two_level_pool.SWEEP_CELLS]
     return {
-        f"{model}-{memory}-{checkpoint}": {"hit_rate": rate}
+        f"{model}-{cell}-{checkpoint}": {"hit_rate": rate}
         for checkpoint, rates in hits.items()
-        for (model, memory), rate in zip(cells, rates, strict=True)
+        for (model, cell), rate in zip(cells, rates, strict=True)
     }
 
 
-def test_the_best_checkpoint_has_the_highest_mean_hit_rate():
-    # Means: 256 -> 0.30, 512 -> 0.35, 1024 -> 0.325.
-    runs = _cells(
-        {256: [0.5, 0.1, 0.4, 0.2], 512: [0.6, 0.1, 0.5, 0.2], 1024: [0.7, 0.1, 0.3, 0.2]}
-    )
-    assert two_level_pool._best_checkpoint(runs, [256, 512, 1024]) == 512
+def test_the_best_checkpoint_comes_closest_to_each_cells_best():
+    # The third cell of each model has low rates: 512 is 10x 1024's there.
+    # Shares of each cell's best: 512 -> (0.5/0.6, 1, 1, 1, 1, 1), mean 0.972;
+    # 1024 -> (1, 0.8, 0.1, 1, 1, 0.5), mean 0.733. By mean hit rate 1024
+    # would win (0.6 + 0.16 + 0.004 + ... against 0.5 + 0.2 + 0.04 + ...).
+    runs = _cells({
+        512: [0.5, 0.2, 0.04, 0.6, 0.2, 0.02],
+        1024: [0.6, 0.16, 0.004, 0.6, 0.2, 0.01],
+    })  # fmt: skip
+    assert two_level_pool._best_checkpoint(runs, [512, 1024]) == 512
 
 
 def test_a_tie_goes_to_the_larger_checkpoint_and_a_refused_run_hits_nothing():
-    runs = _cells({256: [0.4, 0.2, 0.4, 0.2], 512: [0.2, 0.4, 0.2, 0.4], 1024: [0.9] * 4})
-    runs["jamba-v0.1-8GiB-1024"] = {"refused": "memory too small"}
-    # 1024: (0.9 * 3 + 0) / 4 = 0.675, still the best; 256 and 512 tie at 0.3.
-    assert two_level_pool._best_checkpoint(runs, [256, 512, 1024]) == 1024
-    del runs["qwen3-next-80b-80GiB-1024"]
-    runs["qwen3-next-80b-80GiB-1024"] = {"refused": "memory too small"}
-    runs["jamba-v0.1-80GiB-1024"] = {"refused": "memory too small"}
-    # 1024 now 0.45 / 4 = 0.225; the tie between 256 and 512 goes to 512.
+    runs = _cells({256: [0.4, 0.2, 0.1] * 2, 512: [0.4, 0.2, 0.1] * 2, 1024: [0.2, 0.1, 0.1] * 2})
+    # 256 and 512 tie (every share 1); 1024 has shares (0.5, 0.5, 1) per model.
+    assert two_level_pool._best_checkpoint(runs, [256, 512, 1024]) == 512
+    runs["jamba-v0.1-8GiB-512"] = {"refused": "memory too small"}
+    # 512 now has one share of 0: mean 5 / 6, below 256's 1.
+    assert two_level_pool._best_checkpoint(runs, [256, 512, 1024]) == 256
+    # A cell where no checkpoint hits counts as reached by all of them.
+    for checkpoint in (256, 1024):
+        runs[f"jamba-v0.1-8GiB-{checkpoint}"] = {"hit_rate": 0.0}
     assert two_level_pool._best_checkpoint(runs, [256, 512, 1024]) == 512
 
 
@@ -98,16 +103,30 @@ def test_a_run_is_cached_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def test_a_sweep_row_names_the_runs_that_do_not_fit_and_the_requests_too_long():
     refused = {"refused": "x", "checkpoint": 16, "most_state_bytes": 20 * 2**30}
-    row = two_level_pool._sweep_row("m", "8GiB", refused)
+    row = two_level_pool._sweep_row("m", "8 GiB", refused)
     assert row[:5] == ("m", "8 GiB", "16", "20,480 MiB", "does not fit")
     run = {
         "checkpoint": 512, "most_state_bytes": 17 * 3 * 12 * 2**20, "held_state_bytes": 36 * 2**20,
         "hit_rate": 0.25, "of_fine_ceiling": 0.5, "preemptions": 3, "peak_running": 40,
         "max_model_len": 65536, "rejected": 2,
     }  # fmt: skip
-    row = two_level_pool._sweep_row("m", "8GiB", run)
+    row = two_level_pool._sweep_row("m", "8 GiB", run)
     assert row == (
         "m", "8 GiB", "512", "612 MiB", "36 MiB", "25.0 %", "50.0 %", "3", "40",
         "65,536 (2 requests too long)",
     )  # fmt: skip
     assert re.fullmatch(r"\d[\d,]* MiB", row[3])
+
+
+def test_a_concurrency_row_sets_the_pools_side_by_side():
+    shared = {"hit_rate": 0.08, "preemptions": 40, "simulated_s": 340.25, "peak_running": 32}
+    two = {"hit_rate": 0.2, "preemptions": 3, "simulated_s": 330.0, "peak_running": 32}
+    recorder = two_level_pool.Recorder("unused", enabled=False, command="")
+    row = two_level_pool._concurrency_row(recorder, "m", 32, shared, two)
+    # 0.2 / 0.08 = 2.5.
+    assert row == (
+        "m", "32", "8.0 % / 20.0 %", "2.50×", "40 / 3", "340.2 / 330.0", "32 / 32",
+    )  # fmt: skip
+    assert recorder.figures["m-32-hit-ratio"] == "2.50×"
+    assert recorder.figures["m-32-two-level-preemptions"] == "3"
+    assert recorder.figures["m-32-shared-simulated"] == "340.2 s"
