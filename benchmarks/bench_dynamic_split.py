@@ -22,6 +22,8 @@ Run::
 
     python benchmarks/bench_dynamic_split.py            # qwen3-next-80b, 8 GiB
     python benchmarks/bench_dynamic_split.py --record   # writes the docs' record
+    python benchmarks/bench_dynamic_split.py --max-num-seqs 32 --record
+        # every pool at most 32 requests at once: bench-dynamic-split-32-running.json
 """
 
 from __future__ import annotations
@@ -185,10 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=positive_int, default=20, help="static splits swept")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--max-num-seqs", type=positive_int, default=SchedulerConfig().max_num_seqs,
+        help="most requests running at once, the same for every pool (default: the simulator's)",
+    )  # fmt: skip
+    parser.add_argument(
         "--record", action="store_true", help="write benchmarks/results/bench-dynamic-split.json"
     )
     args = parser.parse_args(argv)
-    recorder = Recorder("bench-dynamic-split", enabled=args.record)
+    name = "bench-dynamic-split"
+    if args.max_num_seqs != SchedulerConfig().max_num_seqs:
+        name += f"-{args.max_num_seqs}-running"
+    recorder = Recorder(name, enabled=args.record)
     with recorder.section("table"):
         _run(args, recorder)
     recorder.write()
@@ -204,9 +213,10 @@ def _run(args: argparse.Namespace, recorder: Recorder) -> None:
     names = class_names(plan)
     usable = page_pool.num_large_pages - 1
     workload = phased_workload(args.short, args.long, args.short_below, args.long_from, args.seed)
-    config = SchedulerConfig(arrival="asap")
+    config = SchedulerConfig(arrival="asap", max_num_seqs=args.max_num_seqs)
     print(
-        f"{args.model} in {args.memory}: {usable} usable large pages; class 0 {names[0]}, "
+        f"{args.model} in {args.memory}, at most {args.max_num_seqs} running: {usable} usable "
+        f"large pages; class 0 {names[0]}, "
         f"class 1 {names[1]}. Phases: {args.short} prompts under {args.short_below} tokens, "
         f"{args.long} from {args.long_from}, {args.short} under {args.short_below}; all waiting "
         "from the start, phase after phase."
