@@ -244,8 +244,13 @@ def _run(args: argparse.Namespace, recorder: Recorder) -> None:
         "two-level over best",
         "best static at most as slow: preemptions (split)",
     ]
+    capped = (
+        ""
+        if args.max_num_seqs == SchedulerConfig().max_num_seqs
+        else (f", at most {args.max_num_seqs} running")
+    )
     recorder.tables["phases"] = table(
-        f"{args.model} in {args.memory}: preemptions per phase", header, rows
+        f"{args.model} in {args.memory}{capped}: preemptions per phase", header, rows
     )
     recorder.data["static"] = {
         str(k): {"preemptions": v.preemptions, "seconds": v.seconds} for k, v in static.items()
