@@ -63,6 +63,7 @@ from _replay import (
 import kvcore
 from kvcore._backend import native_available
 from kvcore._eviction.lru import LRUFreeQueue
+from kvcore._native_pool import NativeBlockPool
 from kvcore_plugins.full_attention import FullAttentionSpec
 
 FULL_ATTENTION = Case(
@@ -269,10 +270,16 @@ def bench_memory(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
         "by the pool alone)"
     )
     print_load()
-    print(f"  {'implementation':<28}{'build s':>9}{'fresh B/block':>15}{'aged B/block':>14}")
-    rows = [("kvcore, sha256 hashes", lambda: kvcore.managers.BlockPool(n), "sha256")]
-    rows.append(("kvcore, 16-byte hashes", lambda: kvcore.managers.BlockPool(n), "xxh3_128"))
-    rows.append(("kvcore, fast (int) hashes", lambda: kvcore.managers.BlockPool(n), "fast"))
+    print(f"  {'implementation':<34}{'build s':>9}{'fresh B/block':>15}{'aged B/block':>14}")
+    makers: dict[str, Callable[[], Any]] = {"python": lambda: kvcore.managers.BlockPool(n)}
+    if native_available():
+        makers["native"] = lambda: NativeBlockPool(n)
+    hashes = {"sha256": "sha256 hashes", "xxh3_128": "16-byte hashes", "fast": "fast (int) hashes"}
+    rows = [
+        (f"kvcore/{backend}, {label}", make, algorithm)
+        for backend, make in makers.items()
+        for algorithm, label in hashes.items()
+    ]
     parts: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
     for label, make, algorithm in rows:
         secs, fresh, pool = traced_bytes(make)
@@ -281,9 +288,11 @@ def bench_memory(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
         _, aged, pool = traced_bytes(lambda make=make, a=algorithm: _aged(make(), n, bs, a))
         parts[label] = fresh_parts, pool_components(pool, aged)
         del pool
-        print(f"  {label:<28}{secs:>9.3f}{fresh / n:>15.1f}{aged / n:>14.1f}")
-        recorder.figure(f"bytes.{algorithm}.fresh", f"{fresh / n:.0f} bytes per block")
-        recorder.figure(f"bytes.{algorithm}.aged", f"{aged / n:.0f} bytes per block")
+        print(f"  {label:<34}{secs:>9.3f}{fresh / n:>15.1f}{aged / n:>14.1f}")
+        backend = label.split(",")[0].removeprefix("kvcore/")
+        key = algorithm if backend == "python" else f"{backend}.{algorithm}"
+        recorder.figure(f"bytes.{key}.fresh", f"{fresh / n:.0f} bytes per block")
+        recorder.figure(f"bytes.{key}.aged", f"{aged / n:.0f} bytes per block")
     if vllm is not None:
 
         def make_vllm() -> Any:
@@ -294,15 +303,15 @@ def bench_memory(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
         _, aged, pool = traced_bytes(lambda: _aged_vllm(make_vllm(), n, bs))
         del pool
         label = f"vLLM {vllm.version}, sha256 hashes"
-        print(f"  {label:<28}{secs:>9.3f}{fresh / n:>15.1f}{aged / n:>14.1f}")
+        print(f"  {label:<34}{secs:>9.3f}{fresh / n:>15.1f}{aged / n:>14.1f}")
         recorder.figure("bytes.vllm.fresh", f"{fresh / n:.0f} bytes per block")
         recorder.figure("bytes.vllm.aged", f"{aged / n:.0f} bytes per block")
     print("  by component, B/block fresh / aged (sys.getsizeof of what each kvcore pool holds):")
-    labels = list(parts)
-    print(f"  {'component':<28}" + "".join(f"{label:>28}" for label in labels))
-    for component in parts[labels[0]][0]:
+    labels = [label.removeprefix("kvcore/").removesuffix(" hashes") for label in parts]
+    print(f"  {'component':<28}" + "".join(f"{label:>20}" for label in labels))
+    for component in next(iter(parts.values()))[0]:
         cells = "".join(
-            f"{f'{fresh[component] / n:.1f} / {aged[component] / n:.1f}':>28}"
+            f"{f'{fresh[component] / n:.1f} / {aged[component] / n:.1f}':>20}"
             for fresh, aged in parts.values()
         )
         print(f"  {component:<28}{cells}")
@@ -317,6 +326,7 @@ def pool_components(pool: Any, total: int) -> dict[str, int]:
     """
     queue = pool._queue
     links = [queue._queue, queue._stale] if isinstance(queue, LRUFreeQueue) else []
+    native = isinstance(pool, NativeBlockPool)
     maps = [*pool._cached, *pool._dups]
     hashes = {id(h): h for h in pool._hash if h is not None}
     ids: dict[int, int] = {}
@@ -326,9 +336,12 @@ def pool_components(pool: Any, total: int) -> dict[str, int]:
                 ids[id(block)] = block
     waiting = [blocks for dups in pool._dups for blocks in dups.values()]
     parts = {
-        "reference counts": sys.getsizeof(pool._ref),
+        # The native core's C arrays: int32 counts, int32 queue links before and after.
+        "reference counts": 4 * pool.num_blocks if native else sys.getsizeof(pool._ref),
         "group ids": sys.getsizeof(pool._group),
-        "free queue + stale counts": sum(map(sys.getsizeof, links)),
+        "free queue + stale counts": (
+            8 * (pool.num_blocks + 1) if native else sum(map(sys.getsizeof, links))
+        ),
         "block-id int objects": sum(map(sys.getsizeof, ids.values())),
         "hash slots": sys.getsizeof(pool._hash),
         "hash objects": sum(map(sys.getsizeof, hashes.values())),
