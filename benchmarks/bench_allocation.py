@@ -275,13 +275,15 @@ def bench_memory(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
     if native_available():
         makers["native"] = lambda: NativeBlockPool(n)
     hashes = {"sha256": "sha256 hashes", "xxh3_128": "16-byte hashes", "fast": "fast (int) hashes"}
+    # Figure keys: bytes.<algorithm> for the Python pool, bytes.native.<algorithm> natively.
     rows = [
-        (f"kvcore/{backend}, {label}", make, algorithm)
+        (f"kvcore/{backend}, {label}", make, algorithm, algorithm if backend == "python"
+         else f"{backend}.{algorithm}")
         for backend, make in makers.items()
         for algorithm, label in hashes.items()
-    ]
+    ]  # fmt: skip
     parts: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
-    for label, make, algorithm in rows:
+    for label, make, algorithm, key in rows:
         secs, fresh, pool = traced_bytes(make)
         fresh_parts = pool_components(pool, fresh)
         del pool
@@ -289,8 +291,6 @@ def bench_memory(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
         parts[label] = fresh_parts, pool_components(pool, aged)
         del pool
         print(f"  {label:<34}{secs:>9.3f}{fresh / n:>15.1f}{aged / n:>14.1f}")
-        backend = label.split(",")[0].removeprefix("kvcore/")
-        key = algorithm if backend == "python" else f"{backend}.{algorithm}"
         recorder.figure(f"bytes.{key}.fresh", f"{fresh / n:.0f} bytes per block")
         recorder.figure(f"bytes.{key}.aged", f"{aged / n:.0f} bytes per block")
     if vllm is not None:

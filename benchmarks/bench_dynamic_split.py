@@ -49,6 +49,8 @@ from kvcore._trace import TraceRequest
 from kvcore._two_level_pool import TwoLevelBlockPool
 
 PHASES = ("short", "long", "short again")
+#: The simulator's cap on running requests; a record made under another cap names it.
+DEFAULT_MAX_NUM_SEQS = SchedulerConfig().max_num_seqs
 
 
 def phased_workload(
@@ -187,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=positive_int, default=20, help="static splits swept")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--max-num-seqs", type=positive_int, default=SchedulerConfig().max_num_seqs,
+        "--max-num-seqs", type=positive_int, default=DEFAULT_MAX_NUM_SEQS,
         help="most requests running at once, the same for every pool (default: the simulator's)",
     )  # fmt: skip
     parser.add_argument(
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     name = "bench-dynamic-split"
-    if args.max_num_seqs != SchedulerConfig().max_num_seqs:
+    if args.max_num_seqs != DEFAULT_MAX_NUM_SEQS:
         name += f"-{args.max_num_seqs}-running"
     recorder = Recorder(name, enabled=args.record)
     with recorder.section("table"):
@@ -246,8 +248,8 @@ def _run(args: argparse.Namespace, recorder: Recorder) -> None:
     ]
     capped = (
         ""
-        if args.max_num_seqs == SchedulerConfig().max_num_seqs
-        else (f", at most {args.max_num_seqs} running")
+        if args.max_num_seqs == DEFAULT_MAX_NUM_SEQS
+        else f", at most {args.max_num_seqs} running"
     )
     recorder.tables["phases"] = table(
         f"{args.model} in {args.memory}{capped}: preemptions per phase", header, rows

@@ -52,7 +52,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +180,20 @@ def _say(label: str, row: dict[str, Any]) -> None:
     )
 
 
+def _both_pools(
+    runs: dict[str, dict[str, Any]],
+    measurement: str,
+    key: str,
+    workload: Workload,
+    options: Callable[[PoolChoice], SimulationOptions],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The shared and the two-level run of ``options(pool)``, kept as ``runs[f"{key}-{pool}"]``."""
+    for pool in POOLS:
+        runs[f"{key}-{pool}"] = CACHE.run(f"{measurement}-{key}-{pool}", workload, options(pool))
+        _say(f"{key}-{pool}", runs[f"{key}-{pool}"])
+    return runs[f"{key}-shared"], runs[f"{key}-two-level"]
+
+
 # -- builtin ----------------------------------------------------------------------------
 
 
@@ -240,16 +254,12 @@ def concurrency(recorder: Recorder) -> None:
     rows = []
     for model in MODELS:
         for cap in MAX_NUM_SEQS:
-            pair = []
-            for pool in POOLS:
-                key = f"{model}-{cap}-{pool}"
-                options = SimulationOptions(
-                    model=model, memory="8GiB", pool=pool,
-                    scheduler=SchedulerConfig(max_num_seqs=cap),
-                )  # fmt: skip
-                runs[key] = CACHE.run(f"concurrency-{key}", workload, options)
-                _say(key, runs[key])
-                pair.append(runs[key])
+            pair = _both_pools(
+                runs, "concurrency", f"{model}-{cap}", workload,
+                lambda pool, m=model, c=cap: SimulationOptions(
+                    model=m, memory="8GiB", pool=pool, scheduler=SchedulerConfig(max_num_seqs=c)
+                ),
+            )  # fmt: skip
             rows.append(_concurrency_row(recorder, model, cap, *pair))
     recorder.data["runs"] = runs
     header = (
@@ -291,14 +301,10 @@ def mooncake(recorder: Recorder) -> None:
     rows = []
     for model in MODELS:
         for policy in policies:
-            pair = []
-            for pool in POOLS:
-                key = f"{model}-{policy}-{pool}"
-                options = SimulationOptions(model=model, pool=pool, eviction=policy)
-                runs[key] = CACHE.run(f"mooncake-{key}", workload, options)
-                _say(key, runs[key])
-                pair.append(runs[key])
-            shared, two = pair
+            shared, two = _both_pools(
+                runs, "mooncake", f"{model}-{policy}", workload,
+                lambda pool, m=model, e=policy: SimulationOptions(model=m, pool=pool, eviction=e),
+            )  # fmt: skip
             points = 100 * (two["hit_rate"] - shared["hit_rate"])
             recorder.figure(f"{model}-{policy}-difference", f"{points:+.1f} points")
             rows.append((
