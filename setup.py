@@ -1,9 +1,10 @@
 """The compiled part of kvcore: everything else is configured in pyproject.toml.
 
-``kvcore._native`` (kvcore/_native.c, CPython's C API only) is optional: when
-the machine has no C compiler or the build fails, setuptools reports it and
-installs kvcore without it, and kvcore then runs its Python backend (it says
-so once, when a pool is first made).
+``kvcore._native`` (kvcore/_native.c, CPython's C API only, and
+kvcore/_digest_table.c, plain C: the prefix map over fixed-width digests) is
+optional: when the machine has no C compiler or the build fails, setuptools
+reports it and installs kvcore without it, and kvcore then runs its Python
+backend (it says so once, when a pool is first made).
 
 ``kvcore._native_hash`` (kvcore/_native_hash.c) computes the chained block
 hashes with OpenSSL's libcrypto, the library Python's own hashlib runs on; it
@@ -26,7 +27,8 @@ setup(
     ext_modules=[
         Extension(
             "kvcore._native",
-            sources=["kvcore/_native.c"],
+            sources=["kvcore/_native.c", "kvcore/_digest_table.c"],
+            depends=["kvcore/_digest_table.h"],
             extra_compile_args=["-O2", "-std=c11", *extra],
             extra_link_args=link,
             optional=True,

@@ -107,6 +107,7 @@ def check_sdist(sdist: Path) -> None:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     for wanted in ("LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "setup.py",
                    "kvcore/_native.c", "kvcore/_native_hash.c",
+                   "kvcore/_digest_table.c", "kvcore/_digest_table.h",
                    *(f"plugins/{name}/__init__.py" for name in BUILT_IN)):
         check(wanted in names, f"{wanted} missing from {sdist.name}")
 

@@ -13,7 +13,11 @@ the timing also proves both behave the same.
 
 Figures are medians over the rounds with the min–max spread, per operation
 (lookup, admission, decode, free; see ``_replay.py``), with the clock reads
-subtracted. Then the memory of a pool of 1,000,000 blocks, fresh and aged.
+subtracted. Then the memory of a pool of 1,000,000 blocks (``--pool-blocks``),
+fresh and aged, each pool built as a KV cache manager builds it for the hash:
+the native one keeps fixed-width digests (sha256, xxh3_128) in its own arrays.
+``--memory-only`` measures only that (with ``--record``, into
+``bench-allocation-memory.json``: the 10^7-block figures of the docs).
 
 kvcore runs twice, on the pure-Python block pool and on the compiled one
 (where the extension is built; ``--backend`` keeps one), in the same rounds.
@@ -33,6 +37,7 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable
+from functools import partial
 from itertools import product
 from typing import Any
 
@@ -63,6 +68,7 @@ from _replay import (
 import kvcore
 from kvcore._backend import native_available
 from kvcore._eviction.lru import LRUFreeQueue
+from kvcore._hashing import DIGEST_SIZES
 from kvcore._native_pool import NativeBlockPool
 from kvcore_plugins.full_attention import FullAttentionSpec
 
@@ -271,14 +277,18 @@ def bench_memory(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
     )
     print_load()
     print(f"  {'implementation':<34}{'build s':>9}{'fresh B/block':>15}{'aged B/block':>14}")
-    makers: dict[str, Callable[[], Any]] = {"python": lambda: kvcore.managers.BlockPool(n)}
-    if native_available():
-        makers["native"] = lambda: NativeBlockPool(n)
+    # Each pool as a KV cache manager builds it for the algorithm: the native
+    # one keeps digests of a fixed width (sha256, xxh3_128) in its own arrays.
+    every: dict[str, Callable[[str], Any]] = {
+        "python": lambda a: kvcore.managers.BlockPool(n),
+        "native": lambda a: NativeBlockPool(n, digest_size=DIGEST_SIZES.get(a)),
+    }
+    makers = {backend: every[backend] for backend in _backends(args.backend)}
     hashes = {"sha256": "sha256 hashes", "xxh3_128": "16-byte hashes", "fast": "fast (int) hashes"}
     # Figure keys: bytes.<algorithm> for the Python pool, bytes.native.<algorithm> natively.
     rows = [
-        (f"kvcore/{backend}, {label}", make, algorithm, algorithm if backend == "python"
-         else f"{backend}.{algorithm}")
+        (f"kvcore/{backend}, {label}", partial(make, algorithm), algorithm,
+         algorithm if backend == "python" else f"{backend}.{algorithm}")
         for backend, make in makers.items()
         for algorithm, label in hashes.items()
     ]  # fmt: skip
@@ -327,6 +337,8 @@ def pool_components(pool: Any, total: int) -> dict[str, int]:
     queue = pool._queue
     links = [queue._queue, queue._stale] if isinstance(queue, LRUFreeQueue) else []
     native = isinstance(pool, NativeBlockPool)
+    if native and pool.digest_size is not None:
+        return digest_pool_components(pool, total)
     maps = [*pool._cached, *pool._dups]
     hashes = {id(h): h for h in pool._hash if h is not None}
     ids: dict[int, int] = {}
@@ -351,6 +363,24 @@ def pool_components(pool: Any, total: int) -> dict[str, int]:
     return parts
 
 
+def digest_pool_components(pool: Any, total: int) -> dict[str, int]:
+    """:func:`pool_components` of a native pool keeping digests: its arrays, from its layout."""
+    links = 4 * pool.num_blocks + 8 * (pool.num_blocks + 1)
+    waiting = [blocks for dups in pool._dups for blocks in dups.values()]
+    parts = {
+        "reference counts": 4 * pool.num_blocks,
+        "group ids": sys.getsizeof(pool._group),
+        "free queue + stale counts": 8 * (pool.num_blocks + 1),
+        "block-id int objects": 0,
+        "hash slots": 0,
+        # Digests, the bit a block, the table of block ids (native arrays).
+        "hash objects": 0,
+        "prefix map": pool.nbytes - links + sum(map(sys.getsizeof, [*pool._dups, *waiting])),
+    }
+    parts["other"] = total - sum(parts.values())
+    return parts
+
+
 def _aged(pool: Any, n: int, bs: int, algorithm: str) -> Any:
     age_kvcore(pool, n, bs, algorithm)
     return pool
@@ -368,24 +398,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="start from a never-used pool")
     parser.add_argument("--pool-blocks", type=int, default=1_000_000)
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="measure only the memory (recorded as bench-allocation-memory.json)",
+    )
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument(
         "--backend",
         choices=["auto", "python", "native"],
         default=None,
-        help="time only this block pool (default: both, python and native where it is built)",
+        help="time and measure only this block pool (default: both, python and native where "
+        "it is built)",
     )
     parser.add_argument(
-        "--record", action="store_true", help="write benchmarks/results/bench-allocation.json"
+        "--record",
+        action="store_true",
+        help="write benchmarks/results/bench-allocation.json (-memory.json with --memory-only)",
     )
     args = parser.parse_args(argv)
-    recorder = Recorder("bench-allocation", enabled=args.record)
+    name = "bench-allocation-memory" if args.memory_only else "bench-allocation"
+    recorder = Recorder(name, enabled=args.record)
 
     vllm = None if args.no_vllm else import_vllm()
     if vllm is None:
         print("vLLM not importable: kvcore alone, no ratios (see README, 'Benchmarks')")
-    with recorder.section("replay"):
-        ok = bench_replay(args, vllm, recorder)
+    ok = True
+    if not args.memory_only:
+        with recorder.section("replay"):
+            ok = bench_replay(args, vllm, recorder)
     if not args.skip_memory:
         with recorder.section("memory"):
             bench_memory(args, vllm, recorder)

@@ -183,10 +183,16 @@ class BlockPool:
         group_info: What the policy is told about each group (default: the
             kinds, block size 1, whole-prefix reads).
         alignment_tokens: Hit lengths are multiples of this (told to the policy).
+        digest_size: Every hash this pool will cache is a ``bytes`` of this
+            many bytes (1..64; what a hasher of a fixed digest makes), or
+            ``None`` (default): any hashable. The native pool then keeps its
+            prefix map as digests in flat arrays and refuses other hashes;
+            this pool records it and accepts any hashable.
 
     Raises:
-        InvalidConfigError: ``num_blocks`` is not an integer >= 1, or the
-            policy did not hand out the null block first.
+        InvalidConfigError: ``num_blocks`` is not an integer >= 1, the
+            policy did not hand out the null block first, or ``digest_size``
+            is neither ``None`` nor an int in 1..64.
         PoolTooLargeError: more blocks than int32 block ids address, or than
             the host has memory to keep track of.
         UnknownEvictionPolicyError: no policy has the name ``eviction``.
@@ -208,6 +214,7 @@ class BlockPool:
         "_reserved",
         "_transaction",
         "_undo_steps",
+        "digest_size",
         "enable_caching",
         "enable_kv_cache_events",
         "hash_block_size",
@@ -233,8 +240,13 @@ class BlockPool:
         eviction: str | EvictionPolicyFactory = DEFAULT_POLICY,
         group_info: Sequence[GroupInfo] | None = None,
         alignment_tokens: int = 1,
+        digest_size: int | None = None,
     ) -> None:
         _check_pool_size(num_blocks)
+        if digest_size is not None and (type(digest_size) is not int or not 1 <= digest_size <= 64):
+            msg = f"digest_size must be None or an int in 1..64 (bytes), got {digest_size!r}"
+            raise InvalidConfigError(msg)
+        self.digest_size = digest_size
         for name, value in (("group_kinds", group_kinds), ("group_info", group_info)):
             if value is not None and len(value) != num_groups:
                 msg = f"{name} has {len(value)} entries for {num_groups} groups"
@@ -937,9 +949,10 @@ class BlockPool:
         dups = self._dups[group]
         for index in range(len(blocks) - 1, -1, -1):
             block = blocks[index]
-            if not block:
+            block_hash = self._hash[block] if block else None
+            # None: the null block, or one that _enter refused before caching it.
+            if block_hash is None:
                 continue
-            block_hash = self._hash[block]
             if cached.get(block_hash) == block:
                 del cached[block_hash]
             else:

@@ -43,6 +43,8 @@ class KVCacheCoordinator:
         enable_kv_cache_events: Queue KV cache events in the pool.
         eviction: The pool's eviction policy.
         backend: The pool's backend (see :func:`kvcore._backend.resolve_backend`).
+        digest_size: Bytes of every block hash, when the hasher makes digests
+            of one width (the shared pool's ``digest_size``); ``None``: any.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class KVCacheCoordinator:
         enable_kv_cache_events: bool,
         eviction: str | EvictionPolicyFactory,
         backend: str | None = None,
+        digest_size: int | None = None,
     ) -> None:
         specs = [group.kv_cache_spec for group in config.kv_cache_groups]
         self.config = config
@@ -81,7 +84,9 @@ class KVCacheCoordinator:
         if config.page_pool is None:
             chosen = resolve_backend(backend, native_gap(eviction, len(specs)))
             pool_class = NativeBlockPool if chosen == "native" else BlockPool
-            self.block_pool = pool_class(config.num_blocks, num_groups=len(specs), **options)
+            self.block_pool = pool_class(
+                config.num_blocks, num_groups=len(specs), digest_size=digest_size, **options
+            )
         else:
             resolve_backend(backend, "a two-level pool (a KVCacheConfig with a page_pool)")
             self.block_pool = TwoLevelBlockPool(config.page_pool, **options)
@@ -422,6 +427,7 @@ def make_coordinator(
     enable_kv_cache_events: bool,
     eviction: str | EvictionPolicyFactory = "lru",
     backend: str | None = None,
+    digest_size: int | None = None,
 ) -> KVCacheCoordinator:
     """Validate ``config`` and build its coordinator.
 
@@ -455,4 +461,5 @@ def make_coordinator(
         enable_kv_cache_events=enable_kv_cache_events,
         eviction=eviction,
         backend=backend,
+        digest_size=digest_size,
     )

@@ -41,6 +41,7 @@ from kvcore._request import Request
 from kvcore.errors import InvalidConfigError, InvalidRequestError, RequestStateError
 
 __all__ = [
+    "DIGEST_SIZES",
     "HASH_ALGORITHMS",
     "NONE_HASH_SHA256",
     "BlockHasher",
@@ -51,6 +52,9 @@ __all__ = [
 
 #: The names accepted by ``BlockHasher(algorithm=...)``.
 HASH_ALGORITHMS: Final = ("sha256", "fast", "xxh3_128")
+
+#: Bytes of each block hash an algorithm makes (``"fast"`` makes ints: absent).
+DIGEST_SIZES: Final = {"sha256": 32, "xxh3_128": 16}
 
 #: Parent digest of a request's first block under ``"sha256"``.
 NONE_HASH_SHA256: Final = hashlib.sha256(b"kvcore/none-hash/v1").digest()

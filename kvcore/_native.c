@@ -11,12 +11,19 @@
  *                     queued); head = next[n], tail = prev[n];
  *   num_free          the pool's count of free blocks.
  *
- * The prefix map stays in the pool's Python containers (the per-block hash
- * list, the per-group dicts hash -> block and hash -> duplicates, the group
- * bytearray), which bind() hands over and this module drives through the C
- * API: block hashes are whatever hashable objects the engine supplies, and a
- * dict lookup from C on a key whose hash is cached (bytes, int) costs about
- * as much as a probe of a table of our own would.
+ * The prefix map has two forms:
+ *
+ *   digests (bind_digests): every block hash is a bytes object of one width
+ *     (the digests kvcore's "sha256" and "xxh3_128" hashers make); the map
+ *     is a DigestTable (kvcore/_digest_table.c): the digest per block in one
+ *     byte array and an open-addressing table of block ids. No Python object
+ *     is kept per cached block. The duplicates (rare) stay a Python dict per
+ *     group, hash -> later blocks, and the group of each block the pool's
+ *     bytearray.
+ *   objects (bind): block hashes are any hashable; the map stays in the
+ *     pool's Python containers (the per-block hash list, the per-group dicts
+ *     hash -> block and hash -> duplicates, the group bytearray), driven
+ *     through the C API.
  *
  * Transactions: while ``journal`` is a list, every operation appends
  * (undo callable, arguments) steps; replayed newest first they restore the
@@ -28,6 +35,8 @@
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "_digest_table.h"
 
 typedef struct {
     PyObject_HEAD
@@ -44,6 +53,8 @@ typedef struct {
     PyObject *dups;        /* list of dicts: hash -> list of later blocks */
     PyObject *groups;      /* bytearray: the group each block was cached in */
     PyObject *double_free; /* the exception class for a second free */
+    int keyed;             /* the digest form: ``map`` holds the prefix map */
+    DigestTable map;
 } Core;
 
 /* -- the linked queue ------------------------------------------------------- */
@@ -124,7 +135,7 @@ journaling(Core *self)
 static int
 check_bound(Core *self)
 {
-    if (self->hashes == NULL) {
+    if (self->hashes == NULL && !self->keyed) {
         PyErr_SetString(PyExc_RuntimeError, "native pool core used before bind()");
         return -1;
     }
@@ -157,6 +168,9 @@ Core_dealloc(Core *self)
     PyMem_RawFree(self->ref);
     PyMem_RawFree(self->prev);
     PyMem_RawFree(self->next);
+    if (self->keyed) {
+        dt_free(&self->map);
+    }
     Py_CLEAR(self->journal);
     Py_CLEAR(self->hashes);
     Py_CLEAR(self->maps);
@@ -274,6 +288,465 @@ check_group(Core *self, unsigned char group)
         return -1;
     }
     return 0;
+}
+
+/* -- the digest form of the prefix map ------------------------------------- */
+
+static inline const unsigned char *
+group_bytes(Core *self)
+{
+    return (const unsigned char *)PyByteArray_AS_STRING(self->groups);
+}
+
+/* The digest of ``key`` when it is a bytes object of the map's width, else NULL
+ * (no exception: a key of another kind is cached under no block). */
+static inline const unsigned char *
+key_digest(Core *self, PyObject *key)
+{
+    if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) != (Py_ssize_t)self->map.width) {
+        return NULL;
+    }
+    return (const unsigned char *)PyBytes_AS_STRING(key);
+}
+
+/* key_digest, raising TypeError (naming the fix) for a key of another kind. */
+static const unsigned char *
+required_digest(Core *self, PyObject *key)
+{
+    const unsigned char *digest = key_digest(self, key);
+    if (digest == NULL) {
+        PyErr_Format(PyExc_TypeError,
+                     "block hash %R is not a bytes object of %zd bytes: this pool was built "
+                     "with digest_size=%zd (hash with the algorithm it was built for, or "
+                     "build it with digest_size=None for hashes of any kind)",
+                     key, (Py_ssize_t)self->map.width, (Py_ssize_t)self->map.width);
+    }
+    return digest;
+}
+
+/* The hash ``block`` carries, as a new bytes object. */
+static inline PyObject *
+digest_object(Core *self, int32_t block)
+{
+    return PyBytes_FromStringAndSize((const char *)dt_digest(&self->map, block),
+                                     (Py_ssize_t)self->map.width);
+}
+
+/* A group id of the map, or -1 with IndexError set. */
+static Py_ssize_t
+map_group(Core *self, PyObject *arg)
+{
+    Py_ssize_t group = PyLong_AsSsize_t(arg);
+    if (group == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (group < 0 || (size_t)group >= self->map.num_groups) {
+        PyErr_Format(PyExc_IndexError, "group %zd is not a group of this pool", group);
+        return -1;
+    }
+    return group;
+}
+
+/* Whether ``block`` is the table's entry for the digest it stores, in its group. */
+static inline int
+is_entry(Core *self, int32_t block)
+{
+    const unsigned char *groups = group_bytes(self);
+    return dt_find(&self->map, groups, groups[block], dt_digest(&self->map, block)) == block;
+}
+
+/* Before ``block`` stores another digest: drop its entry under the old one. */
+static void
+leave_entry(Core *self, int32_t block, const unsigned char *digest)
+{
+    const unsigned char *old = dt_digest(&self->map, block);
+    if ((digest == NULL || memcmp(old, digest, self->map.width) != 0) && is_entry(self, block)) {
+        dt_remove(&self->map, group_bytes(self), group_bytes(self)[block], old);
+    }
+}
+
+static PyObject *
+Core_bind_digests(Core *self, PyObject *args)
+{
+    Py_ssize_t width;
+    PyObject *dups, *groups;
+    if (!PyArg_ParseTuple(args, "nO!O!", &width, &PyList_Type, &dups, &PyByteArray_Type,
+                          &groups)) {
+        return NULL;
+    }
+    if (self->keyed || self->hashes != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "bind_digests(): the core is already bound");
+        return NULL;
+    }
+    if (width < 1 || width > 64) {
+        PyErr_Format(PyExc_ValueError, "digest_size must be in 1..64 bytes, got %zd", width);
+        return NULL;
+    }
+    Py_ssize_t num_groups = PyList_GET_SIZE(dups);
+    if (num_groups < 1 || num_groups > 256 || PyByteArray_GET_SIZE(groups) != self->n) {
+        PyErr_SetString(PyExc_ValueError,
+                        "bind_digests(): 1..256 groups, and one group byte a block");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < num_groups; i++) {
+        if (!PyDict_CheckExact(PyList_GET_ITEM(dups, i))) {
+            PyErr_SetString(PyExc_TypeError, "bind_digests(): dups must hold dicts");
+            return NULL;
+        }
+    }
+    if (dt_init(&self->map, (size_t)self->n, (size_t)width, (size_t)num_groups,
+                PyMem_RawCalloc, PyMem_RawFree) < 0) {
+        return PyErr_NoMemory();
+    }
+    self->keyed = 1;
+    Py_INCREF(dups);
+    Py_XSETREF(self->dups, dups);
+    Py_INCREF(groups);
+    Py_XSETREF(self->groups, groups);
+    Py_RETURN_NONE;
+}
+
+static int
+check_keyed(Core *self)
+{
+    if (!self->keyed) {
+        PyErr_SetString(PyExc_RuntimeError, "this core keeps no digest map (bind_digests)");
+        return -1;
+    }
+    return 0;
+}
+
+/* Evict one just-taken block: drop its entry, or leave the rare cases to ``uncache``.
+ * An evicted block is appended to ``evicted`` (block ids) and its digest to ``digests``. */
+static int
+evict_digest(Core *self, int32_t block, PyObject *uncache, PyObject *removed,
+             int32_t *evicted, Py_ssize_t *num_evicted, unsigned char *digests)
+{
+    if (!dt_carries(&self->map, block)) {
+        return 0;
+    }
+    const unsigned char *groups = group_bytes(self);
+    unsigned group = groups[block];
+    const unsigned char *digest = dt_digest(&self->map, block);
+    PyObject *dups = PyList_GET_ITEM(self->dups, group);
+    int rare = 0;
+    if (PyDict_GET_SIZE(dups)) {
+        PyObject *key = digest_object(self, block);
+        rare = key == NULL ? -1 : PyDict_Contains(dups, key);
+        Py_XDECREF(key);
+    }
+    if (rare < 0) {
+        return -1;
+    }
+    if (rare || !dt_remove_block(&self->map, groups, block)) {
+        /* Copies wait under this hash: the Python step hands it on and journals itself. */
+        PyObject *result = PyObject_CallFunction(uncache, "i", block);
+        Py_XDECREF(result);
+        return result == NULL ? -1 : 0;
+    }
+    memcpy(digests + (size_t)*num_evicted * self->map.width, digest, self->map.width);
+    evicted[(*num_evicted)++] = block;
+    dt_drop(&self->map, block);
+    if (removed != Py_None) {
+        PyObject *result = PyObject_CallFunction(removed, "Ni", digest_object(self, block),
+                                                 (int)group);
+        Py_XDECREF(result);
+        return result == NULL ? -1 : 0;
+    }
+    return 0;
+}
+
+static int
+evict_taken_digests(Core *self, PyObject *blocks, PyObject *uncache, PyObject *removed)
+{
+    Py_ssize_t count = PyList_GET_SIZE(blocks), num_evicted = 0;
+    int32_t *evicted = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(int32_t));
+    unsigned char *digests = PyMem_Malloc((size_t)(count ? count : 1) * self->map.width);
+    int failed = evicted == NULL || digests == NULL;
+    if (failed) {
+        PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < count && !failed; i++) {
+        int32_t block = (int32_t)PyLong_AsLong(PyList_GET_ITEM(blocks, i));
+        failed = evict_digest(self, block, uncache, removed, evicted, &num_evicted, digests) < 0;
+    }
+    /* Journaled even after a failure, so that the rollback restores the entries. */
+    if (num_evicted && journaling(self)) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyObject *args = Py_BuildValue(
+            "(y#y#)", (const char *)evicted, num_evicted * (Py_ssize_t)sizeof(int32_t),
+            (const char *)digests, num_evicted * (Py_ssize_t)self->map.width);
+        if (journal_append(self, "_undo_evict_digests", args) < 0) {
+            failed = 1;
+        }
+        if (type != NULL) {
+            PyErr_Restore(type, value, traceback);
+        }
+    }
+    PyMem_Free(evicted);
+    PyMem_Free(digests);
+    return failed ? -1 : 0;
+}
+
+static PyObject *
+Core_undo_evict_digests(Core *self, PyObject *args)
+{
+    const char *blocks, *digests;
+    Py_ssize_t blocks_size, digests_size;
+    if (!PyArg_ParseTuple(args, "y#y#", &blocks, &blocks_size, &digests, &digests_size) ||
+        check_keyed(self) < 0) {
+        return NULL;
+    }
+    Py_ssize_t count = blocks_size / (Py_ssize_t)sizeof(int32_t);
+    if (digests_size != count * (Py_ssize_t)self->map.width) {
+        PyErr_SetString(PyExc_ValueError, "_undo_evict_digests: one digest a block");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int32_t block;
+        memcpy(&block, blocks + i * (Py_ssize_t)sizeof(int32_t), sizeof block);
+        dt_carry(&self->map, block, (const unsigned char *)digests + i * self->map.width);
+        dt_insert(&self->map, group_bytes(self), block);
+    }
+    Py_RETURN_NONE;
+}
+
+/* Cache each non-null block under its hash (every hash checked first: a bad
+ * one changes nothing); a hash already cached in the group keeps its block,
+ * the new one joins the duplicates. */
+static int
+enter_digests(Core *self, PyObject **items, PyObject **keys, Py_ssize_t size, Py_ssize_t group,
+              int several_groups)
+{
+    for (Py_ssize_t i = 0; i < size; i++) {
+        int32_t block = block_of(self, items[i]);
+        if (block < 0 || (block && required_digest(self, keys[i]) == NULL)) {
+            return -1;
+        }
+        if (block && dt_carries(&self->map, block)) {
+            PyErr_Format(PyExc_RuntimeError, "enter(): block %d is already cached", block);
+            return -1;
+        }
+    }
+    unsigned char *groups = (unsigned char *)PyByteArray_AS_STRING(self->groups);
+    PyObject *dups = PyList_GET_ITEM(self->dups, group);
+    for (Py_ssize_t i = 0; i < size; i++) {
+        int32_t block = (int32_t)PyLong_AsLong(items[i]);
+        if (!block) {
+            continue;
+        }
+        /* The block carries no hash (checked above), so it is no entry either. */
+        const unsigned char *digest = key_digest(self, keys[i]);
+        if (several_groups) {
+            groups[block] = (unsigned char)group;
+        }
+        dt_carry(&self->map, block, digest);
+        if (dt_find_or_insert(&self->map, groups, block) < 0) {
+            continue;
+        }
+        PyObject *empty = PyList_New(0);
+        PyObject *waiting = empty == NULL ? NULL : PyDict_SetDefault(dups, keys[i], empty);
+        Py_XDECREF(empty);
+        if (waiting == NULL || PyList_Append(waiting, items[i]) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The run of hashes[start:stop] found in every group of ``groups``, one list a group. */
+static PyObject *
+match_digests(Core *self, PyObject **hashes, Py_ssize_t start, Py_ssize_t stop,
+              const Py_ssize_t *groups, Py_ssize_t width)
+{
+    PyObject *out = PyTuple_New(width);
+    for (Py_ssize_t g = 0; out != NULL && g < width; g++) {
+        PyObject *hits = PyList_New(0);
+        if (hits == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, g, hits);
+    }
+    const unsigned char *group_of_block = group_bytes(self);
+    int32_t found[256];
+    for (Py_ssize_t i = start; out != NULL && i < stop; i++) {
+        const unsigned char *digest = key_digest(self, hashes[i]);
+        Py_ssize_t g = 0;
+        for (; digest != NULL && g < width; g++) {
+            found[g] = dt_find(&self->map, group_of_block, (unsigned)groups[g], digest);
+            if (found[g] < 0) {
+                break;
+            }
+        }
+        if (digest == NULL || g < width) {
+            break;
+        }
+        for (g = 0; g < width; g++) {
+            PyObject *block = PyLong_FromLong(found[g]);
+            if (block == NULL || PyList_Append(PyTuple_GET_ITEM(out, g), block) < 0) {
+                Py_XDECREF(block);
+                Py_CLEAR(out);
+                break;
+            }
+            Py_DECREF(block);
+        }
+    }
+    return out;
+}
+
+/* -- the digest map, item by item (the specification's rare steps) ---------- */
+
+static PyObject *
+Core_hash_at(Core *self, PyObject *arg)
+{
+    int32_t block = check_keyed(self) < 0 ? -1 : block_of(self, arg);
+    if (block < 0) {
+        return NULL;
+    }
+    if (!dt_carries(&self->map, block)) {
+        Py_RETURN_NONE;
+    }
+    return digest_object(self, block);
+}
+
+static PyObject *
+Core_set_hash(Core *self, PyObject *args)
+{
+    PyObject *item, *key;
+    if (!PyArg_ParseTuple(args, "OO", &item, &key) || check_keyed(self) < 0) {
+        return NULL;
+    }
+    int32_t block = block_of(self, item);
+    const unsigned char *digest = key == Py_None || block < 0 ? NULL : required_digest(self, key);
+    if (block < 0 || (key != Py_None && digest == NULL)) {
+        return NULL;
+    }
+    leave_entry(self, block, digest);
+    if (digest == NULL) {
+        dt_drop(&self->map, block);
+    }
+    else {
+        dt_carry(&self->map, block, digest);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Core_map_get(Core *self, PyObject *args)
+{
+    PyObject *group_arg, *key;
+    if (!PyArg_ParseTuple(args, "OO", &group_arg, &key) || check_keyed(self) < 0) {
+        return NULL;
+    }
+    Py_ssize_t group = map_group(self, group_arg);
+    if (group < 0) {
+        return NULL;
+    }
+    const unsigned char *digest = key_digest(self, key);
+    int32_t block = digest == NULL ? -1
+                                   : dt_find(&self->map, group_bytes(self), (unsigned)group, digest);
+    if (block < 0) {
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromLong(block);
+}
+
+/* map[group][key] = block: the block takes the key's digest (it must carry no
+ * other hash) and becomes the entry, replacing the one there. Unlike a dict
+ * beside a hash list, the block then carries the hash: an entry always does. */
+static PyObject *
+Core_map_set(Core *self, PyObject *args)
+{
+    PyObject *group_arg, *key, *item;
+    if (!PyArg_ParseTuple(args, "OOO", &group_arg, &key, &item) || check_keyed(self) < 0) {
+        return NULL;
+    }
+    Py_ssize_t group = map_group(self, group_arg);
+    int32_t block = group < 0 ? -1 : block_of(self, item);
+    const unsigned char *digest = block < 0 ? NULL : required_digest(self, key);
+    if (digest == NULL) {
+        return NULL;
+    }
+    const unsigned char *groups = group_bytes(self);
+    if (groups[block] != group) {
+        PyErr_Format(PyExc_ValueError, "block %d is recorded in group %d, not %zd", block,
+                     (int)groups[block], group);
+        return NULL;
+    }
+    if (dt_carries(&self->map, block) &&
+        memcmp(dt_digest(&self->map, block), digest, self->map.width) != 0) {
+        PyErr_Format(PyExc_ValueError, "block %d carries another hash than %R", block, key);
+        return NULL;
+    }
+    leave_entry(self, block, digest);
+    dt_carry(&self->map, block, digest);
+    if (dt_repoint(&self->map, groups, (unsigned)group, digest, block) < 0) {
+        dt_insert(&self->map, groups, block);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Core_map_del(Core *self, PyObject *args)
+{
+    PyObject *group_arg, *key;
+    if (!PyArg_ParseTuple(args, "OO", &group_arg, &key) || check_keyed(self) < 0) {
+        return NULL;
+    }
+    Py_ssize_t group = map_group(self, group_arg);
+    if (group < 0) {
+        return NULL;
+    }
+    const unsigned char *digest = key_digest(self, key);
+    if (digest == NULL ||
+        dt_remove(&self->map, group_bytes(self), (unsigned)group, digest) < 0) {
+        PyErr_SetObject(PyExc_KeyError, key);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Core_map_len(Core *self, PyObject *arg)
+{
+    Py_ssize_t group = check_keyed(self) < 0 ? -1 : map_group(self, arg);
+    if (group < 0) {
+        return NULL;
+    }
+    return PyLong_FromSize_t(self->map.entries[group]);
+}
+
+/* The (hash, block) entries of one group, in table order. */
+static PyObject *
+Core_map_items(Core *self, PyObject *arg)
+{
+    Py_ssize_t group = check_keyed(self) < 0 ? -1 : map_group(self, arg);
+    PyObject *out = group < 0 ? NULL : PyList_New(0);
+    const unsigned char *groups = out == NULL ? NULL : group_bytes(self);
+    for (size_t index = 0; out != NULL && index < self->map.cap; index++) {
+        int32_t block = dt_slot_block(&self->map, index);
+        if (block < 0 || groups[block] != group) {
+            continue;
+        }
+        PyObject *entry = Py_BuildValue("(Ni)", digest_object(self, block), block);
+        if (entry == NULL || PyList_Append(out, entry) < 0) {
+            Py_CLEAR(out);
+        }
+        Py_XDECREF(entry);
+    }
+    return out;
+}
+
+static PyObject *
+Core_clear_map(Core *self, PyObject *unused)
+{
+    if (check_keyed(self) < 0) {
+        return NULL;
+    }
+    dt_clear(&self->map);
+    Py_RETURN_NONE;
 }
 
 /* -- the free-queue interface (kvcore._eviction.queue.FreeQueue) ------------ */
@@ -700,7 +1173,8 @@ Core_take_blocks(Core *self, PyObject *args)
         self->ref[PyLong_AsLong(PyList_GET_ITEM(blocks, i))] = 1;
     }
     self->num_free -= count;
-    if (evict && evict_taken(self, blocks, uncache, removed) < 0) {
+    if (evict && (self->keyed ? evict_taken_digests(self, blocks, uncache, removed)
+                              : evict_taken(self, blocks, uncache, removed)) < 0) {
         Py_DECREF(blocks);
         return NULL;
     }
@@ -991,7 +1465,15 @@ holds_cached(Core *self, PyObject **blocks, PyObject **hashes, Py_ssize_t count,
             return 0;
         }
     }
-    for (Py_ssize_t i = 0; i < count; i++) {
+    for (Py_ssize_t i = 0; self->keyed && i < count; i++) {
+        int32_t block = (int32_t)cacheable_block_of(self, blocks[i]);
+        const unsigned char *digest = key_digest(self, hashes[i]);
+        if (digest == NULL || !dt_carries(&self->map, block) ||
+            memcmp(dt_digest(&self->map, block), digest, self->map.width) != 0) {
+            return 0;
+        }
+    }
+    for (Py_ssize_t i = 0; !self->keyed && i < count; i++) {
         PyObject *held = PyList_GET_ITEM(self->hashes, cacheable_block_of(self, blocks[i]));
         int same = PyObject_RichCompareBool(held, hashes[i], Py_EQ);
         if (same < 0 && PyErr_ExceptionMatches(PyExc_TypeError)) {
@@ -1035,7 +1517,7 @@ Core_holds_cached(Core *self, PyObject *args)
         if (group == -1 && PyErr_Occurred()) {
             PyErr_Clear();
         }
-        if (group >= PyList_GET_SIZE(self->maps)) {
+        if (group >= (self->keyed ? (long)self->map.num_groups : PyList_GET_SIZE(self->maps))) {
             group = -1;
         }
     }
@@ -1110,6 +1592,25 @@ match_all(PyObject *maps, PyObject **hashes, Py_ssize_t start, Py_ssize_t stop)
     return out;
 }
 
+/* match_digests over a tuple of group ids (each checked). */
+static PyObject *
+match_digest_groups(Core *self, PyObject **hashes, Py_ssize_t start, Py_ssize_t stop,
+                    PyObject *group_ids)
+{
+    Py_ssize_t width = PyTuple_GET_SIZE(group_ids), groups[256];
+    if (width > 256) {
+        PyErr_SetString(PyExc_ValueError, "match_prefix(): at most 256 group ids");
+        return NULL;
+    }
+    for (Py_ssize_t g = 0; g < width; g++) {
+        groups[g] = map_group(self, PyTuple_GET_ITEM(group_ids, g));
+        if (groups[g] < 0) {
+            return NULL;
+        }
+    }
+    return match_digests(self, hashes, start, stop, groups, width);
+}
+
 static PyObject *
 Core_match_prefix(Core *self, PyObject *args)
 {
@@ -1129,6 +1630,12 @@ Core_match_prefix(Core *self, PyObject *args)
     start = start < 0 ? 0 : (start > size ? size : start);
     stop = stop > size ? size : (stop < start ? start : stop);
     Py_ssize_t width = PyTuple_GET_SIZE(groups);
+    if (self->keyed) {
+        PyObject *out = match_digest_groups(self, PySequence_Fast_ITEMS(fast), start, stop, groups);
+        Py_DECREF(groups);
+        Py_DECREF(fast);
+        return out;
+    }
     PyObject *maps = PyTuple_New(width);
     for (Py_ssize_t g = 0; maps != NULL && g < width; g++) {
         Py_ssize_t group = PyLong_AsSsize_t(PyTuple_GET_ITEM(groups, g));
@@ -1200,7 +1707,9 @@ Core_enter(Core *self, PyObject *args)
         check_bound(self) < 0) {
         return NULL;
     }
-    if (group < 0 || group >= PyList_GET_SIZE(self->maps)) {
+    Py_ssize_t num_groups = self->keyed ? (Py_ssize_t)self->map.num_groups
+                                        : PyList_GET_SIZE(self->maps);
+    if (group < 0 || group >= num_groups) {
         PyErr_Format(PyExc_IndexError, "group %zd is not a group of this pool", group);
         return NULL;
     }
@@ -1218,6 +1727,10 @@ Core_enter(Core *self, PyObject *args)
     }
     PyObject **items = PySequence_Fast_ITEMS(fast_blocks);
     PyObject **keys = PySequence_Fast_ITEMS(fast_hashes);
+    if (!failed && self->keyed) {
+        failed = enter_digests(self, items, keys, size, group, several_groups) < 0;
+        size = 0;
+    }
     for (Py_ssize_t i = 0; i < size && !failed; i++) {
         int32_t block = block_of(self, items[i]);
         failed = block < 0 || (block && enter_one(self, items[i], block, keys[i], group,
@@ -1273,6 +1786,19 @@ Core_set_num_free(Core *self, PyObject *value, void *closure)
     return 0;
 }
 
+static PyObject *
+Core_get_num_hashed(Core *self, void *closure)
+{
+    return check_keyed(self) < 0 ? NULL : PyLong_FromSize_t(self->map.num_carried);
+}
+
+static PyObject *
+Core_get_nbytes(Core *self, void *closure)
+{
+    size_t links = 3 * (size_t)self->n + 2;
+    return PyLong_FromSize_t(links * sizeof(int32_t) + (self->keyed ? dt_nbytes(&self->map) : 0));
+}
+
 static int
 Core_getbuffer(Core *self, Py_buffer *view, int flags)
 {
@@ -1314,6 +1840,10 @@ static PyGetSetDef Core_getset[] = {
      "The pool's undo log while a transaction runs, else None.", NULL},
     {"num_free", (getter)Core_get_num_free, (setter)Core_set_num_free,
      "The pool's count of free blocks.", NULL},
+    {"num_hashed", (getter)Core_get_num_hashed, NULL,
+     "Blocks carrying a hash (the digest form).", NULL},
+    {"nbytes", (getter)Core_get_nbytes, NULL,
+     "Bytes of the core's arrays: counts, queue links and the digest map.", NULL},
     {NULL},
 };
 
@@ -1347,6 +1877,21 @@ static PyMethodDef Core_methods[] = {
      "match_prefix(hashes, start, stop, groups): the run of hits, one list a group."},
     {"enter", (PyCFunction)Core_enter, METH_VARARGS,
      "enter(blocks, hashes, group, several_groups): cache blocks under hashes."},
+    {"bind_digests", (PyCFunction)Core_bind_digests, METH_VARARGS,
+     "bind_digests(width, dups, groups): keep the prefix map here, hashes of width bytes."},
+    {"hash_at", (PyCFunction)Core_hash_at, METH_O, "The hash a block carries, or None."},
+    {"set_hash", (PyCFunction)Core_set_hash, METH_VARARGS,
+     "set_hash(block, hash or None): the hash the block carries."},
+    {"map_get", (PyCFunction)Core_map_get, METH_VARARGS,
+     "map_get(group, hash): the entry block, or None."},
+    {"map_set", (PyCFunction)Core_map_set, METH_VARARGS,
+     "map_set(group, hash, block): make the block the entry of its hash."},
+    {"map_del", (PyCFunction)Core_map_del, METH_VARARGS,
+     "map_del(group, hash): remove the entry (KeyError if none)."},
+    {"map_len", (PyCFunction)Core_map_len, METH_O, "Entries of one group."},
+    {"map_items", (PyCFunction)Core_map_items, METH_O, "(hash, block) entries of one group."},
+    {"clear_map", (PyCFunction)Core_clear_map, METH_NOARGS, "Forget every hash."},
+    {"_undo_evict_digests", (PyCFunction)Core_undo_evict_digests, METH_VARARGS, NULL},
     {"_undo_take", (PyCFunction)Core_undo_take, METH_O, NULL},
     {"_undo_release", (PyCFunction)Core_undo_release, METH_O, NULL},
     {"_undo_unlink", (PyCFunction)Core_undo_unlink, METH_O, NULL},

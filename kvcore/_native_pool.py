@@ -17,12 +17,17 @@ every step. What moves to C (:mod:`kvcore._native`, built from
   releasing a table, touching a hit, counting evictable hits, matching a
   prefix and entering full blocks in the cache.
 
-The prefix map stays the Python pool's containers (the per-block hash list,
-the per-group dicts, the group bytearray), driven from C: block hashes are any
-hashable the engine supplies, and a dict probe from C on a key with a cached
-hash is as cheap as a table of our own. The rare steps stay Python, shared
-with the specification: a hash with duplicates (``_uncache``), the events,
-the reset and the invariant checks.
+The prefix map has two forms. With ``digest_size`` (every hash a ``bytes``
+of that width, as kvcore's ``"sha256"`` and ``"xxh3_128"`` hashers make; the
+KV cache manager passes it), the map moves to C as well: each block's digest
+in one byte array and an open-addressing table of block ids, no Python
+object per cached block (:mod:`kvcore._native_views` shows it to the
+specification's code as the list and dicts it expects). Without it, block
+hashes are any hashable and the map stays the Python pool's containers (the
+per-block hash list, the per-group dicts, the group bytearray), driven from
+C. Either way the rare steps stay Python, shared with the specification: a
+hash with duplicates (``_uncache``), the events, the reset and the invariant
+checks.
 
 Every change made inside a transaction records its undo in the pool's log,
 the C steps included, so a rollback restores the exact state (queue order
@@ -33,13 +38,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Hashable, Sequence
-from typing import Final
+from typing import Any, Final
 
 from kvcore._block_pool import BlockPool, out_of_blocks
 from kvcore._events import BlockRemoved
 from kvcore._eviction.lru import lru_policy
 from kvcore._eviction.queue import FreeQueue
 from kvcore._eviction.registry import QueueFactory, resolve_policy
+from kvcore._native_views import NativeHashes, NativePrefixMap
 from kvcore.errors import DoubleFreeError, InvalidConfigError
 from kvcore.eviction import EvictionPolicyFactory, PoolInfo
 
@@ -85,12 +91,25 @@ class NativeBlockPool(BlockPool):
             msg = f"the native block pool cannot serve {gap}; use backend='python' or 'auto'"
             raise InvalidConfigError(msg)
         self._core = native.Core(info.num_blocks, DoubleFreeError)
-        self._bind()
+        if self.digest_size is None:
+            self._bind()
+        else:
+            self._bind_digests(self.digest_size)
         self._ref = memoryview(self._core)  # type: ignore[assignment]
         return self._core  # type: ignore[no-any-return]
 
     def _bind(self) -> None:
         self._core.bind(self._hash, self._cached, self._dups, self._group)
+
+    def _bind_digests(self, digest_size: int) -> None:
+        if not isinstance(self._group, bytearray):
+            msg = "the native block pool serves at most 256 groups"
+            raise InvalidConfigError(msg)
+        self._core.bind_digests(digest_size, self._dups, self._group)
+        self._hash = NativeHashes(self._core)  # type: ignore[assignment]
+        # The specification's code uses only what the view shares with a dict.
+        maps: list[Any] = [NativePrefixMap(self._core, group) for group in range(len(self._dups))]
+        self._cached = maps
 
     # The specification's _num_free, kept by the core (its undo steps restore it).
     @property
@@ -157,6 +176,24 @@ class NativeBlockPool(BlockPool):
         self._core.enter(blocks, block_hashes, group, several_groups)
 
     def _clear_cache(self) -> None:
-        # The specification makes a new hash list: the core must drive that one.
-        super()._clear_cache()
-        self._bind()
+        if self.digest_size is None:
+            # The specification makes a new hash list: the core must drive that one.
+            super()._clear_cache()
+            self._bind()
+            return
+        self._num_dropped += self.num_cached_blocks()
+        self._core.clear_map()
+        for dups in self._dups:
+            dups.clear()
+        self._queue.forget(None)
+
+    def num_cached_blocks(self) -> int:
+        """Blocks currently in the prefix cache (in use or evictable)."""
+        if self.digest_size is None:
+            return super().num_cached_blocks()
+        return self._core.num_hashed  # type: ignore[no-any-return]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the compiled arrays: counts, queue links and (with digests) the prefix map."""
+        return self._core.nbytes  # type: ignore[no-any-return]

@@ -248,15 +248,26 @@ def test_the_fault_driver_sees_partial_native_work_undone() -> None:
 class TwoPools(RuleBasedStateMachine):
     """The same public pool calls on a Python and a native pool of two groups."""
 
-    @initialize(num_blocks=st.integers(2, 24), caching=st.booleans(), events=st.booleans())
-    def build(self, num_blocks: int, caching: bool, events: bool) -> None:
+    @initialize(
+        num_blocks=st.integers(2, 24),
+        caching=st.booleans(),
+        events=st.booleans(),
+        digest_size=st.sampled_from([None, 8, 16, 32]),
+    )
+    def build(self, num_blocks: int, caching: bool, events: bool, digest_size: int | None) -> None:
         from kvcore._native_pool import NativeBlockPool
 
         options: dict[str, Any] = {
             "enable_caching": caching,
             "num_groups": 2,
             "enable_kv_cache_events": events,
+            "digest_size": digest_size,
         }
+        # With a digest size the native pool keeps its map as digests in C:
+        # the hashes are then bytes of that width, else any hashable.
+        self.key: Callable[[int], Hashable] = (
+            (lambda v: ("h", v)) if digest_size is None else (lambda v: bytes([v]) * digest_size)
+        )
         self.pools = (BlockPool(num_blocks, **options), NativeBlockPool(num_blocks, **options))
         self.held: list[int] = []  # blocks this machine holds (a count each), both pools alike
         self.next_request = 0
@@ -293,7 +304,7 @@ class TwoPools(RuleBasedStateMachine):
         blocks = blocks[: len(values)]
         if not blocks:
             return
-        hashes: list[Hashable] = [("h", v) for v in values[: len(blocks)]]
+        hashes: list[Hashable] = [self.key(v) for v in values[: len(blocks)]]
         self.next_request += 1
         requests = {}
         for pool in self.pools:
@@ -314,7 +325,7 @@ class TwoPools(RuleBasedStateMachine):
     )
     def hit(self, values: list[int], group: int, nulls: int) -> None:
         """Adopt a cached prefix, with null blocks in front (to be ignored)."""
-        hashes = [("h", v) for v in values]
+        hashes = [self.key(v) for v in values]
         found = self.both(lambda pool: pool.match_prefix(hashes, 0, len(hashes), [group]))
         blocks = [0] * nulls + found[1][0]  # type: ignore[index]
         self.both(lambda pool: pool.count_evictable(blocks))
@@ -323,7 +334,7 @@ class TwoPools(RuleBasedStateMachine):
 
     @rule(values=st.lists(st.integers(0, 3), max_size=4))
     def match_both_groups(self, values: list[int]) -> None:
-        hashes = [("h", v) for v in values]
+        hashes = [self.key(v) for v in values]
         self.both(lambda pool: pool.match_prefix(hashes, 0, len(hashes), [0, 1]))
         self.both(lambda pool: [pool.cached_blocks(h, g) for h in hashes for g in (0, 1)])
 
