@@ -142,6 +142,20 @@ check_bound(Core *self)
     return 0;
 }
 
+/* 0 if this core keeps the free queue; else -1 with an exception (a core made
+ * with queue=False leaves the free blocks to its pool's policy). */
+static inline int
+check_queue(Core *self)
+{
+    if (self->next == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "this core keeps no free queue (made with queue=False): its pool's "
+                        "eviction policy holds the free blocks");
+        return -1;
+    }
+    return 0;
+}
+
 static inline unsigned char
 group_of(Core *self, int32_t block)
 {
@@ -207,10 +221,12 @@ Core_clear(Core *self)
 static int
 Core_init(Core *self, PyObject *args, PyObject *kwds)
 {
-    static char *keywords[] = {"num_blocks", "double_free_error", NULL};
+    static char *keywords[] = {"num_blocks", "double_free_error", "queue", NULL};
     Py_ssize_t n;
     PyObject *double_free;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nO", keywords, &n, &double_free)) {
+    int queue = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nO|$p", keywords, &n, &double_free,
+                                     &queue)) {
         return -1;
     }
     if (self->ref != NULL) {
@@ -222,16 +238,18 @@ Core_init(Core *self, PyObject *args, PyObject *kwds)
         return -1;
     }
     self->ref = PyMem_RawCalloc((size_t)n, sizeof(int32_t));
-    self->prev = PyMem_RawMalloc(((size_t)n + 1) * sizeof(int32_t));
-    self->next = PyMem_RawMalloc(((size_t)n + 1) * sizeof(int32_t));
-    if (self->ref == NULL || self->prev == NULL || self->next == NULL) {
+    if (queue) {
+        self->prev = PyMem_RawMalloc(((size_t)n + 1) * sizeof(int32_t));
+        self->next = PyMem_RawMalloc(((size_t)n + 1) * sizeof(int32_t));
+    }
+    if (self->ref == NULL || (queue && (self->prev == NULL || self->next == NULL))) {
         PyErr_NoMemory();
         return -1;
     }
     self->n = n;
     self->stride = sizeof(int32_t);
     /* A fresh queue holds every block in id order, as the Python one. */
-    for (Py_ssize_t block = 0; block <= n; block++) {
+    for (Py_ssize_t block = 0; queue && block <= n; block++) {
         self->prev[block] = (int32_t)(block == 0 ? n : block - 1);
         self->next[block] = (int32_t)(block == n ? 0 : block + 1);
     }
@@ -799,6 +817,9 @@ push_head(Core *self, PyObject *blocks)
 static PyObject *
 Core_take(Core *self, PyObject *arg)
 {
+    if (check_queue(self) < 0) {
+        return NULL;
+    }
     Py_ssize_t count = PyLong_AsSsize_t(arg);
     if (count == -1 && PyErr_Occurred()) {
         return NULL;
@@ -822,6 +843,9 @@ Core_take(Core *self, PyObject *arg)
 static PyObject *
 Core_undo_take(Core *self, PyObject *blocks)
 {
+    if (check_queue(self) < 0) {
+        return NULL;
+    }
     if (!PyList_Check(blocks)) {
         PyErr_SetString(PyExc_TypeError, "_undo_take expects a list");
         return NULL;
@@ -867,6 +891,9 @@ append_tail(Core *self, PyObject *fast)
 static PyObject *
 Core_release(Core *self, PyObject *blocks)
 {
+    if (check_queue(self) < 0) {
+        return NULL;
+    }
     PyObject *fast = PySequence_Fast(blocks, "release() expects a sequence of block ids");
     if (fast == NULL) {
         return NULL;
@@ -888,6 +915,9 @@ Core_release(Core *self, PyObject *blocks)
 static PyObject *
 Core_undo_release(Core *self, PyObject *arg)
 {
+    if (check_queue(self) < 0) {
+        return NULL;
+    }
     Py_ssize_t count = PyLong_AsSsize_t(arg);
     if (count == -1 && PyErr_Occurred()) {
         return NULL;
@@ -912,6 +942,9 @@ relink(Core *self, const int32_t *links, Py_ssize_t count)
 static PyObject *
 Core_undo_unlink(Core *self, PyObject *links)
 {
+    if (check_queue(self) < 0) {
+        return NULL;
+    }
     if (!PyBytes_Check(links) || PyBytes_GET_SIZE(links) % (3 * sizeof(int32_t))) {
         PyErr_SetString(PyExc_TypeError, "_undo_unlink expects the bytes of block triplets");
         return NULL;
@@ -951,6 +984,9 @@ journal_unlinks(Core *self, const char *name, PyObject *first, int32_t *links, P
 static PyObject *
 Core_revive(Core *self, PyObject *blocks)
 {
+    if (check_queue(self) < 0) {
+        return NULL;
+    }
     PyObject *fast = PySequence_Fast(blocks, "revive() expects a sequence of block ids");
     if (fast == NULL) {
         return NULL;
@@ -998,6 +1034,9 @@ Core_ignore(Core *self, PyObject *args)
 static PyObject *
 Core_queued(Core *self, PyObject *unused)
 {
+    if (check_queue(self) < 0) {
+        return NULL;
+    }
     PyObject *out = PyList_New(0);
     if (out == NULL) {
         return NULL;
@@ -1037,6 +1076,9 @@ Core_iter(Core *self)
 static PyObject *
 Core_is_queued(Core *self, PyObject *arg)
 {
+    if (check_queue(self) < 0) {
+        return NULL;
+    }
     int32_t block = block_of(self, arg);
     if (block < 0) {
         return NULL;
@@ -1145,6 +1187,9 @@ evict_taken(Core *self, PyObject *blocks, PyObject *uncache, PyObject *removed)
 static PyObject *
 Core_take_blocks(Core *self, PyObject *args)
 {
+    if (check_queue(self) < 0) {
+        return NULL;
+    }
     Py_ssize_t count;
     int evict;
     PyObject *uncache, *removed;
@@ -1184,6 +1229,9 @@ Core_take_blocks(Core *self, PyObject *args)
 static PyObject *
 Core_undo_take_blocks(Core *self, PyObject *blocks)
 {
+    if (check_queue(self) < 0) {
+        return NULL;
+    }
     if (!PyList_Check(blocks) || push_head(self, blocks) < 0) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_TypeError, "_undo_take_blocks expects a list");
@@ -1269,6 +1317,9 @@ drop_counts(Core *self, PyObject *fast, PyObject *released)
 static PyObject *
 Core_release_blocks(Core *self, PyObject *blocks)
 {
+    if (check_queue(self) < 0) {
+        return NULL;
+    }
     PyObject *fast = PySequence_Fast(blocks, "release_blocks() expects a sequence of block ids");
     if (fast == NULL) {
         return NULL;
@@ -1301,6 +1352,9 @@ Core_release_blocks(Core *self, PyObject *blocks)
 static PyObject *
 Core_undo_release_blocks(Core *self, PyObject *args)
 {
+    if (check_queue(self) < 0) {
+        return NULL;
+    }
     PyObject *fast;
     Py_ssize_t count;
     if (!PyArg_ParseTuple(args, "On", &fast, &count)) {
@@ -1356,6 +1410,9 @@ take_counts(Core *self, PyObject **items, Py_ssize_t size, int32_t *links, PyObj
 static PyObject *
 Core_touch_blocks(Core *self, PyObject *blocks)
 {
+    if (check_queue(self) < 0) {
+        return NULL;
+    }
     PyObject *fast = PySequence_Fast(blocks, "touch_blocks() expects a sequence of block ids");
     if (fast == NULL) {
         return NULL;
@@ -1394,6 +1451,9 @@ Core_touch_blocks(Core *self, PyObject *blocks)
 static PyObject *
 Core_undo_touch_blocks(Core *self, PyObject *args)
 {
+    if (check_queue(self) < 0) {
+        return NULL;
+    }
     PyObject *fast, *links;
     if (!PyArg_ParseTuple(args, "OO!", &fast, &PyBytes_Type, &links)) {
         return NULL;
@@ -1413,6 +1473,200 @@ Core_undo_touch_blocks(Core *self, PyObject *args)
     relink(self, (const int32_t *)PyBytes_AS_STRING(links), count);
     self->num_free += count;
     Py_RETURN_NONE;
+}
+
+/* -- counts for a pool whose eviction policy keeps the free blocks ----------
+ *
+ * A core made with queue=False keeps the counts and the prefix map; the
+ * pool's policy (a Python free queue) chooses and holds the free blocks. The
+ * pool asks the policy first (take) or last (release, revive) and these
+ * methods do the rest of each step in C, journaling their own undo. */
+
+/* Set a count of 1 on each block of list ``blocks``; -1 and an exception,
+ * nothing changed, unless each is a valid id with no reference, listed once. */
+static int
+claim_counts(Core *self, PyObject *blocks)
+{
+    Py_ssize_t count = PyList_GET_SIZE(blocks);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int32_t block = block_of(self, PyList_GET_ITEM(blocks, i));
+        if (block >= 0 && self->ref[block] != 0) {
+            PyErr_Format(PyExc_RuntimeError,
+                         "the eviction policy handed out block %d, which is in use "
+                         "or listed twice",
+                         block);
+            block = -1;
+        }
+        if (block < 0) {
+            for (Py_ssize_t j = 0; j < i; j++) {
+                self->ref[PyLong_AsLong(PyList_GET_ITEM(blocks, j))] = 0;
+            }
+            return -1;
+        }
+        self->ref[block] = 1;
+    }
+    return 0;
+}
+
+static PyObject *
+Core_claim_blocks(Core *self, PyObject *args)
+{
+    PyObject *blocks, *uncache, *removed;
+    int evict;
+    if (!PyArg_ParseTuple(args, "O!pOO", &PyList_Type, &blocks, &evict, &uncache, &removed) ||
+        check_bound(self) < 0) {
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(blocks);
+    if (count > self->num_free) {
+        PyErr_Format(PyExc_ValueError, "cannot claim %zd blocks: only %zd are free", count,
+                     self->num_free);
+        return NULL;
+    }
+    if (claim_counts(self, blocks) < 0) {
+        return NULL;
+    }
+    if (journaling(self) &&
+        journal_append(self, "_undo_claim_blocks", PyTuple_Pack(1, blocks)) < 0) {
+        for (Py_ssize_t i = 0; i < count; i++) {
+            self->ref[PyLong_AsLong(PyList_GET_ITEM(blocks, i))] = 0;
+        }
+        return NULL;
+    }
+    self->num_free -= count;
+    if (evict && (self->keyed ? evict_taken_digests(self, blocks, uncache, removed)
+                              : evict_taken(self, blocks, uncache, removed)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Core_undo_claim_blocks(Core *self, PyObject *blocks)
+{
+    if (!PyList_Check(blocks)) {
+        PyErr_SetString(PyExc_TypeError, "_undo_claim_blocks expects a list");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks); i++) {
+        int32_t block = block_of(self, PyList_GET_ITEM(blocks, i));
+        if (block < 0) {
+            return NULL;
+        }
+        self->ref[block] = 0;
+    }
+    self->num_free += PyList_GET_SIZE(blocks);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Core_drop_blocks(Core *self, PyObject *blocks)
+{
+    PyObject *fast = PySequence_Fast(blocks, "drop_blocks() expects a sequence of block ids");
+    if (fast == NULL) {
+        return NULL;
+    }
+    PyObject *released = PyList_New(0);
+    if (released == NULL || drop_counts(self, fast, released) < 0) {
+        Py_XDECREF(released);
+        Py_DECREF(fast);
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(released);
+    if (journaling(self) &&
+        journal_append(self, "_undo_drop_blocks", Py_BuildValue("(On)", fast, count)) < 0) {
+        unrelease(self, PySequence_Fast_ITEMS(fast), PySequence_Fast_GET_SIZE(fast));
+        Py_DECREF(released);
+        Py_DECREF(fast);
+        return NULL;
+    }
+    self->num_free += count;
+    Py_DECREF(fast);
+    return released;
+}
+
+/* Undo of drop_blocks and adopt_blocks: ``sign`` counts back on each block of
+ * ``fast``, and ``freed`` blocks fewer (or more) free. */
+static PyObject *
+undo_counts(Core *self, PyObject *args, int sign, const char *name)
+{
+    PyObject *fast;
+    Py_ssize_t freed;
+    if (!PyArg_ParseTuple(args, "On", &fast, &freed)) {
+        return NULL;
+    }
+    if (!PyList_Check(fast) && !PyTuple_Check(fast)) {
+        PyErr_Format(PyExc_TypeError, "%s expects a list or tuple", name);
+        return NULL;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
+        long block = PyLong_AsLong(items[i]);
+        if (block > 0 && block < self->n) {
+            self->ref[block] += sign;
+        }
+    }
+    self->num_free -= sign * freed;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Core_undo_drop_blocks(Core *self, PyObject *args)
+{
+    return undo_counts(self, args, 1, "_undo_drop_blocks");
+}
+
+static PyObject *
+Core_adopt_blocks(Core *self, PyObject *blocks)
+{
+    PyObject *fast = PySequence_Fast(blocks, "adopt_blocks() expects a sequence of block ids");
+    if (fast == NULL) {
+        return NULL;
+    }
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    PyObject *revived = PyList_New(0);
+    if (revived == NULL) {
+        Py_DECREF(fast);
+        return NULL;
+    }
+    Py_ssize_t i = 0;
+    for (; i < size; i++) {
+        int32_t block = block_of(self, items[i]);
+        if (block < 0 || (block && self->ref[block] == 0 && PyList_Append(revived, items[i]) < 0)) {
+            break;
+        }
+        if (block) {
+            self->ref[block] += 1;
+        }
+    }
+    Py_ssize_t count = PyList_GET_SIZE(revived);
+    if (i == size && journaling(self) &&
+        journal_append(self, "_undo_adopt_blocks", Py_BuildValue("(On)", fast, count)) < 0) {
+        i = -1;
+    }
+    if (i != size) {
+        /* Give back the counts taken so far (all of them when the journal failed). */
+        Py_ssize_t taken = i < 0 ? size : i;
+        for (Py_ssize_t j = 0; j < taken; j++) {
+            long back = PyLong_AsLong(items[j]);
+            if (back > 0) {
+                self->ref[back] -= 1;
+            }
+        }
+        Py_DECREF(revived);
+        Py_DECREF(fast);
+        return NULL;
+    }
+    self->num_free -= count;
+    Py_DECREF(fast);
+    return revived;
+}
+
+static PyObject *
+Core_undo_adopt_blocks(Core *self, PyObject *args)
+{
+    return undo_counts(self, args, -1, "_undo_adopt_blocks");
 }
 
 static PyObject *
@@ -1795,7 +2049,8 @@ Core_get_num_hashed(Core *self, void *closure)
 static PyObject *
 Core_get_nbytes(Core *self, void *closure)
 {
-    size_t links = 3 * (size_t)self->n + 2;
+    /* The counts, and with a free queue its two links a block (plus the sentinel's). */
+    size_t links = (size_t)self->n + (self->next == NULL ? 0 : 2 * (size_t)self->n + 2);
     return PyLong_FromSize_t(links * sizeof(int32_t) + (self->keyed ? dt_nbytes(&self->map) : 0));
 }
 
@@ -1869,6 +2124,13 @@ static PyMethodDef Core_methods[] = {
      "release_blocks(blocks): drop a count each; the blocks reaching 0, queued."},
     {"touch_blocks", (PyCFunction)Core_touch_blocks, METH_O,
      "touch_blocks(blocks): take a count each; the free ones, unqueued and returned."},
+    {"claim_blocks", (PyCFunction)Core_claim_blocks, METH_VARARGS,
+     "claim_blocks(blocks, evict, uncache, removed): the policy's blocks held once, "
+     "their hashes evicted."},
+    {"drop_blocks", (PyCFunction)Core_drop_blocks, METH_O,
+     "drop_blocks(blocks): drop a count each; the blocks reaching 0 (for the policy)."},
+    {"adopt_blocks", (PyCFunction)Core_adopt_blocks, METH_O,
+     "adopt_blocks(blocks): take a count each; the ones that were free (for the policy)."},
     {"count_evictable", (PyCFunction)Core_count_evictable, METH_O,
      "Non-null blocks among the given ones with no reference."},
     {"holds_cached", (PyCFunction)Core_holds_cached, METH_VARARGS,
@@ -1899,13 +2161,17 @@ static PyMethodDef Core_methods[] = {
     {"_undo_evict", (PyCFunction)Core_undo_evict, METH_VARARGS, NULL},
     {"_undo_release_blocks", (PyCFunction)Core_undo_release_blocks, METH_VARARGS, NULL},
     {"_undo_touch_blocks", (PyCFunction)Core_undo_touch_blocks, METH_VARARGS, NULL},
+    {"_undo_claim_blocks", (PyCFunction)Core_undo_claim_blocks, METH_O, NULL},
+    {"_undo_drop_blocks", (PyCFunction)Core_undo_drop_blocks, METH_VARARGS, NULL},
+    {"_undo_adopt_blocks", (PyCFunction)Core_undo_adopt_blocks, METH_VARARGS, NULL},
     {NULL},
 };
 
 static PyTypeObject CoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "kvcore._native.Core",
-    .tp_doc = "Core(num_blocks, double_free_error): a pool's counts and LRU free queue.",
+    .tp_doc = "Core(num_blocks, double_free_error, *, queue=True): a pool's counts, prefix map "
+              "and (with queue) its LRU free queue.",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,

@@ -9,9 +9,14 @@ every step. What moves to C (:mod:`kvcore._native`, built from
 - the reference counts, a flat int32 array (``_ref`` is a writable
   memoryview of it, so the specification's inspection and checks read it
   unchanged);
-- the ``lru`` free queue, a doubly linked list through the block ids (the
-  core *is* the pool's free queue: it provides the
-  :class:`~kvcore._eviction.queue.FreeQueue` methods);
+- with the ``lru`` policy, the free queue, a doubly linked list through the
+  block ids (the core *is* the pool's free queue: it provides the
+  :class:`~kvcore._eviction.queue.FreeQueue` methods). Any other policy
+  (``admit``, ``frequency``, ``cost``, a third party's) keeps the free blocks
+  itself, in Python, as in the specification: the core then has no queue
+  and the pool (a :class:`NativePolicyPool`) hands the policy the blocks
+  that became free, took a hit or were taken, with the counts and the map
+  kept in C;
 - the count of free blocks;
 - the batched loops: taking blocks (with the eviction of their hashes),
   releasing a table, touching a hit, counting evictable hits, matching a
@@ -44,12 +49,12 @@ from kvcore._block_pool import BlockPool, out_of_blocks
 from kvcore._events import BlockRemoved
 from kvcore._eviction.lru import lru_policy
 from kvcore._eviction.queue import FreeQueue
-from kvcore._eviction.registry import QueueFactory, resolve_policy
+from kvcore._eviction.registry import DEFAULT_POLICY, QueueFactory, resolve_policy
 from kvcore._native_views import NativeHashes, NativePrefixMap
 from kvcore.errors import DoubleFreeError, InvalidConfigError
 from kvcore.eviction import EvictionPolicyFactory, PoolInfo
 
-__all__ = ["MAX_NATIVE_GROUPS", "NativeBlockPool", "native_gap"]
+__all__ = ["MAX_NATIVE_GROUPS", "NativeBlockPool", "NativePolicyPool", "native_gap"]
 
 #: Groups a native pool serves (the group of each block is one byte).
 MAX_NATIVE_GROUPS: Final = 256
@@ -58,12 +63,12 @@ MAX_NATIVE_GROUPS: Final = 256
 def native_gap(eviction: str | EvictionPolicyFactory | QueueFactory, num_groups: int) -> str | None:
     """Why a shared pool with this policy and group count needs the Python backend, or ``None``.
 
+    Every policy is served; only the group count can need Python.
+
     Raises:
         UnknownEvictionPolicyError: ``eviction`` names no built-in policy.
     """
-    factory = resolve_policy(eviction)
-    if factory.build is not lru_policy:
-        return f"eviction={factory.name!r} (the native backend serves the 'lru' policy)"
+    resolve_policy(eviction)
     if num_groups > MAX_NATIVE_GROUPS:
         return f"{num_groups} KV cache groups (the native backend serves up to 256)"
     return None
@@ -72,31 +77,43 @@ def native_gap(eviction: str | EvictionPolicyFactory | QueueFactory, num_groups:
 class NativeBlockPool(BlockPool):
     """A :class:`~kvcore._block_pool.BlockPool` whose counts, queue and loops are compiled.
 
-    The arguments and behaviour are those of the Python pool, with the ``lru``
-    policy and at most :data:`MAX_NATIVE_GROUPS` groups.
+    The arguments and behaviour are those of the Python pool, with at most
+    :data:`MAX_NATIVE_GROUPS` groups. With the ``lru`` policy the free queue
+    is compiled too; with any other, ``NativeBlockPool(...)`` makes a
+    :class:`NativePolicyPool`, whose policy keeps the free blocks.
 
     Raises:
-        InvalidConfigError: another policy, or more groups (see :func:`native_gap`);
-            or as the Python pool.
+        InvalidConfigError: more groups (see :func:`native_gap`); or as the
+            Python pool.
     """
 
     __slots__ = ("_core",)
 
     backend = "native"
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> NativeBlockPool:
+        """A :class:`NativePolicyPool` where the policy is not ``lru``, else this class."""
+        policy = resolve_policy(kwargs.get("eviction", DEFAULT_POLICY))
+        if cls is NativeBlockPool and policy.build is not lru_policy:
+            cls = NativePolicyPool
+        return super().__new__(cls)
+
     def _new_queue(self, factory: QueueFactory, info: PoolInfo) -> FreeQueue:
+        self._new_core(info.num_blocks, queue=True)
+        return self._core  # type: ignore[no-any-return]
+
+    def _new_core(self, num_blocks: int, *, queue: bool) -> None:
         native = importlib.import_module("kvcore._native")
-        gap = native_gap(factory, len(self._cached))
+        gap = native_gap(DEFAULT_POLICY, len(self._cached))
         if gap is not None:
             msg = f"the native block pool cannot serve {gap}; use backend='python' or 'auto'"
             raise InvalidConfigError(msg)
-        self._core = native.Core(info.num_blocks, DoubleFreeError)
+        self._core = native.Core(num_blocks, DoubleFreeError, queue=queue)
         if self.digest_size is None:
             self._bind()
         else:
             self._bind_digests(self.digest_size)
         self._ref = memoryview(self._core)  # type: ignore[assignment]
-        return self._core  # type: ignore[no-any-return]
 
     def _bind(self) -> None:
         self._core.bind(self._hash, self._cached, self._dups, self._group)
@@ -197,3 +214,58 @@ class NativeBlockPool(BlockPool):
     def nbytes(self) -> int:
         """Bytes of the compiled arrays: counts, queue links and (with digests) the prefix map."""
         return self._core.nbytes  # type: ignore[no-any-return]
+
+
+class NativePolicyPool(NativeBlockPool):
+    """A native pool whose eviction policy, not the core, keeps the free blocks.
+
+    The counts, the prefix map and the loops over them are compiled, as in
+    :class:`NativeBlockPool`; the policy (any but ``lru``: a built-in value
+    policy or a third party's, through the same free-queue interface as in
+    the Python pool) is asked for the blocks to take and told which became
+    free or took a hit, as the specification does. Transactions journal both:
+    the core's steps and the policy's.
+    """
+
+    __slots__ = ()
+
+    def _new_queue(self, factory: QueueFactory, info: PoolInfo) -> FreeQueue:
+        self._new_core(info.num_blocks, queue=False)
+        return factory(info)
+
+    def _begin(self) -> bool:
+        if not super()._begin():
+            return False
+        self._core.journal = self._undo_steps
+        return True
+
+    def _commit(self) -> None:
+        self._core.journal = None
+        super()._commit()
+
+    def _rollback(self) -> None:
+        self._core.journal = None
+        super()._rollback()
+
+    def _take(self, num_blocks: int) -> list[int]:
+        if num_blocks > self._core.num_free:
+            raise out_of_blocks(num_blocks, self._core.num_free)
+        if not num_blocks:
+            return []
+        blocks = self._queue.take(num_blocks)
+        removed = self._removed if self.enable_kv_cache_events else None
+        self._core.claim_blocks(blocks, self.enable_caching, self._uncache, removed)
+        return blocks
+
+    def _release(self, blocks: Sequence[int]) -> list[int]:
+        released: list[int] = self._core.drop_blocks(blocks)
+        if released:
+            self._queue.release(released)
+        return released
+
+    def _touch(self, blocks: Sequence[int]) -> list[int]:
+        revived: list[int] = self._core.adopt_blocks(blocks)
+        if revived:
+            self._queue.revive(revived)
+        self._queue.hit(blocks)
+        return revived

@@ -80,25 +80,51 @@ def test_an_unknown_backend_names_the_field_and_the_choices(
         manager(**options)
 
 
-def test_native_refuses_a_policy_it_does_not_serve_and_auto_says_which_it_used(
-    caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize("eviction", ["admit", "frequency", "cost"])
+def test_native_serves_every_policy_with_the_policy_in_python(
+    eviction: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     require_native()
-    with pytest.raises(
-        InvalidConfigError,
-        match=r"the native backend does not serve eviction='frequency' \(the native backend "
-        r"serves the 'lru' policy\); use backend='auto' or 'python'",
-    ):
-        manager(backend="native", eviction="frequency")
+    from kvcore._eviction.policies import ValuePolicy
+    from kvcore._native_pool import NativePolicyPool
+
     with caplog.at_level(logging.INFO, logger="kvcore"):
-        first = manager(eviction="frequency")
-        second = manager(eviction="frequency")
-    assert (first.backend, second.backend) == ("python", "python")
-    notices = [r.getMessage() for r in caplog.records if r.name == "kvcore"]
-    assert notices == [
-        "kvcore: the Python backend serves eviction='frequency' (the native "
-        "backend serves the 'lru' policy)"
-    ]
+        built = [manager(backend="native", eviction=eviction), manager(eviction=eviction)]
+    assert [m.backend for m in built] == ["native", "native"]
+    for m in built:
+        assert type(m.block_pool) is NativePolicyPool
+        assert isinstance(m.block_pool._queue, ValuePolicy)
+    assert not [r for r in caplog.records if r.name == "kvcore"]
+
+
+def test_a_policy_pool_core_has_no_queue_and_refuses_a_bad_hand_out() -> None:
+    """The core of a policy pool keeps no queue; a block handed out twice changes nothing."""
+    require_native()
+    from kvcore import _native  # type: ignore[attr-defined]
+
+    core = _native.Core(4, DoubleFreeError, queue=False)
+    core.bind([None] * 4, [{}], [{}], bytearray(4))
+    assert core.nbytes == 4 * 4  # the counts only, no links
+    for call in (lambda: core.take(1), lambda: core.release_blocks([1]), lambda: list(core)):
+        with pytest.raises(RuntimeError, match=r"keeps no free queue \(made with queue=False\)"):
+            call()
+    core.claim_blocks([0, 1], False, None, None)
+    assert (list(memoryview(core)), core.num_free) == ([1, 1, 0, 0], 2)
+    for blocks in ([2, 1], [3, 3]):
+        with pytest.raises(RuntimeError, match=r"handed out block (1|3), which is in use"):
+            core.claim_blocks(blocks, False, None, None)
+        assert (list(memoryview(core)), core.num_free) == ([1, 1, 0, 0], 2)
+    # A hit on a free and a held block: the free one comes back to be
+    # unqueued by the policy; the counts, and the undo, as worked out by hand.
+    core.journal = []
+    assert core.adopt_blocks([2, 1, 0]) == [2]
+    assert (list(memoryview(core)), core.num_free) == ([1, 2, 1, 0], 1)
+    assert core.drop_blocks([1, 2]) == [2]
+    assert (list(memoryview(core)), core.num_free) == ([1, 1, 0, 0], 2)
+    steps, core.journal = core.journal, None
+    for undo, arguments in reversed(steps):
+        undo(*arguments)
+    assert (list(memoryview(core)), core.num_free) == ([1, 1, 0, 0], 2)
 
 
 def test_without_the_module_auto_falls_back_once_and_native_says_how_to_fix(
