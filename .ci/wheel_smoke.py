@@ -108,6 +108,7 @@ def check_sdist(sdist: Path) -> None:
     for wanted in ("LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "setup.py",
                    "kvcore/_native.c", "kvcore/_native_hash.c",
                    "kvcore/_digest_table.c", "kvcore/_digest_table.h",
+                   "kvcore/_value_queue.c", "kvcore/_value_queue.h",
                    *(f"plugins/{name}/__init__.py" for name in BUILT_IN)):
         check(wanted in names, f"{wanted} missing from {sdist.name}")
 

@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "_digest_table.h"
+#include "_value_queue.h"
 
 typedef struct {
     PyObject_HEAD
@@ -56,6 +57,8 @@ typedef struct {
     int keyed;             /* the digest form: ``map`` holds the prefix map */
     DigestTable map;
 } Core;
+
+static PyTypeObject CoreType;
 
 /* -- the linked queue ------------------------------------------------------- */
 
@@ -1508,34 +1511,46 @@ claim_counts(Core *self, PyObject *blocks)
     return 0;
 }
 
-static PyObject *
-Core_claim_blocks(Core *self, PyObject *args)
+/* Hold each block of list ``blocks`` once and evict the hashes they carried
+ * (``evict``); 0, or -1 with an exception (nothing changed, or journaled steps
+ * that undo what did). */
+static int
+claim(Core *self, PyObject *blocks, int evict, PyObject *uncache, PyObject *removed)
 {
-    PyObject *blocks, *uncache, *removed;
-    int evict;
-    if (!PyArg_ParseTuple(args, "O!pOO", &PyList_Type, &blocks, &evict, &uncache, &removed) ||
-        check_bound(self) < 0) {
-        return NULL;
+    if (check_bound(self) < 0) {
+        return -1;
     }
     Py_ssize_t count = PyList_GET_SIZE(blocks);
     if (count > self->num_free) {
         PyErr_Format(PyExc_ValueError, "cannot claim %zd blocks: only %zd are free", count,
                      self->num_free);
-        return NULL;
+        return -1;
     }
     if (claim_counts(self, blocks) < 0) {
-        return NULL;
+        return -1;
     }
     if (journaling(self) &&
         journal_append(self, "_undo_claim_blocks", PyTuple_Pack(1, blocks)) < 0) {
         for (Py_ssize_t i = 0; i < count; i++) {
             self->ref[PyLong_AsLong(PyList_GET_ITEM(blocks, i))] = 0;
         }
-        return NULL;
+        return -1;
     }
     self->num_free -= count;
-    if (evict && (self->keyed ? evict_taken_digests(self, blocks, uncache, removed)
-                              : evict_taken(self, blocks, uncache, removed)) < 0) {
+    if (evict) {
+        return self->keyed ? evict_taken_digests(self, blocks, uncache, removed)
+                           : evict_taken(self, blocks, uncache, removed);
+    }
+    return 0;
+}
+
+static PyObject *
+Core_claim_blocks(Core *self, PyObject *args)
+{
+    PyObject *blocks, *uncache, *removed;
+    int evict;
+    if (!PyArg_ParseTuple(args, "O!pOO", &PyList_Type, &blocks, &evict, &uncache, &removed) ||
+        claim(self, blocks, evict, uncache, removed) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -1667,6 +1682,72 @@ static PyObject *
 Core_undo_adopt_blocks(Core *self, PyObject *args)
 {
     return undo_counts(self, args, -1, "_undo_adopt_blocks");
+}
+
+/* -- for the compiled value queue (kvcore/_value_queue.c) ------------------ */
+
+int
+kv_is_core(PyObject *object)
+{
+    return PyObject_TypeCheck(object, &CoreType);
+}
+
+int
+kv_core_claim(PyObject *core, PyObject *blocks, int evict, PyObject *uncache, PyObject *removed)
+{
+    return claim((Core *)core, blocks, evict, uncache, removed);
+}
+
+PyObject *
+kv_core_drop(PyObject *core, PyObject *blocks)
+{
+    return Core_drop_blocks((Core *)core, blocks);
+}
+
+PyObject *
+kv_core_adopt(PyObject *core, PyObject *blocks)
+{
+    return Core_adopt_blocks((Core *)core, blocks);
+}
+
+void
+kv_core_set_journal(PyObject *core, PyObject *journal)
+{
+    Py_INCREF(journal);
+    Py_SETREF(((Core *)core)->journal, journal);
+}
+
+int
+kv_core_entry_like(PyObject *object, int32_t block, int group, int32_t *entry)
+{
+    Core *self = (Core *)object;
+    if (check_bound(self) < 0) {
+        return -1;
+    }
+    if (block < 0 || block >= self->n || group < 0 || group >= PyList_GET_SIZE(self->dups)) {
+        PyErr_Format(PyExc_IndexError, "block %d or group %d is not of this pool", block, group);
+        return -1;
+    }
+    if (self->keyed) {
+        if (!dt_carries(&self->map, block)) {
+            return 0;
+        }
+        int32_t found = dt_find(&self->map, group_bytes(self), (unsigned)group,
+                                dt_digest(&self->map, block));
+        *entry = found;
+        return found >= 0;
+    }
+    PyObject *hash = PyList_GET_ITEM(self->hashes, block);
+    if (hash == Py_None) {
+        return 0;
+    }
+    PyObject *item = PyDict_GetItemWithError(PyList_GET_ITEM(self->maps, group), hash);
+    if (item == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    int32_t found = block_of(self, item);
+    *entry = found;
+    return found < 0 ? -1 : 1;
 }
 
 static PyObject *
@@ -2206,6 +2287,10 @@ PyInit__native(void)
     Py_INCREF(&CoreType);
     if (PyModule_AddObject(module, "Core", (PyObject *)&CoreType) < 0) {
         Py_DECREF(&CoreType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    if (kv_add_value_queue(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -9,14 +9,16 @@ every step. What moves to C (:mod:`kvcore._native`, built from
 - the reference counts, a flat int32 array (``_ref`` is a writable
   memoryview of it, so the specification's inspection and checks read it
   unchanged);
-- with the ``lru`` policy, the free queue, a doubly linked list through the
-  block ids (the core *is* the pool's free queue: it provides the
-  :class:`~kvcore._eviction.queue.FreeQueue` methods). Any other policy
-  (``admit``, ``frequency``, ``cost``, a third party's) keeps the free blocks
-  itself, in Python, as in the specification: the core then has no queue
-  and the pool (a :class:`NativePolicyPool`) hands the policy the blocks
-  that became free, took a hit or were taken, with the counts and the map
-  kept in C;
+- the free queue of a built-in policy. With ``lru`` it is a doubly linked
+  list through the block ids in the core (the core *is* the pool's free
+  queue: it provides the :class:`~kvcore._eviction.queue.FreeQueue`
+  methods). With ``admit``, ``frequency`` or ``cost`` it is a
+  ``kvcore._native.ValueQueue`` (``kvcore/_value_queue.c``, the compiled
+  twin of :class:`~kvcore._eviction.policies.ValuePolicy`, built from the
+  same :class:`~kvcore._eviction.policies.ValueRules`) beside a core made
+  without a queue; the pool's batched calls go to the queue, which drives
+  the core. A third party's policy keeps the free blocks in Python, as in
+  the specification (a :class:`NativePolicyPool`);
 - the count of free blocks;
 - the batched loops: taking blocks (with the eviction of their hashes),
   releasing a table, touching a hit, counting evictable hits, matching a
@@ -48,6 +50,7 @@ from typing import Any, Final
 from kvcore._block_pool import BlockPool, out_of_blocks
 from kvcore._events import BlockRemoved
 from kvcore._eviction.lru import lru_policy
+from kvcore._eviction.policies import BUILTIN_OPTIONS, ValueRules
 from kvcore._eviction.queue import FreeQueue
 from kvcore._eviction.registry import DEFAULT_POLICY, QueueFactory, resolve_policy
 from kvcore._native_views import NativeHashes, NativePrefixMap
@@ -58,6 +61,11 @@ __all__ = ["MAX_NATIVE_GROUPS", "NativeBlockPool", "NativePolicyPool", "native_g
 
 #: Groups a native pool serves (the group of each block is one byte).
 MAX_NATIVE_GROUPS: Final = 256
+
+
+def _compiled(policy: QueueFactory) -> bool:
+    """Whether the native backend has a compiled free queue for ``policy`` (the built-ins)."""
+    return policy.build is lru_policy or policy.build in BUILTIN_OPTIONS
 
 
 def native_gap(eviction: str | EvictionPolicyFactory | QueueFactory, num_groups: int) -> str | None:
@@ -78,9 +86,11 @@ class NativeBlockPool(BlockPool):
     """A :class:`~kvcore._block_pool.BlockPool` whose counts, queue and loops are compiled.
 
     The arguments and behaviour are those of the Python pool, with at most
-    :data:`MAX_NATIVE_GROUPS` groups. With the ``lru`` policy the free queue
-    is compiled too; with any other, ``NativeBlockPool(...)`` makes a
-    :class:`NativePolicyPool`, whose policy keeps the free blocks.
+    :data:`MAX_NATIVE_GROUPS` groups. The free queue is compiled too for the
+    built-in policies: ``lru`` in the core itself, ``admit``, ``frequency``
+    and ``cost`` in a :class:`kvcore._native.ValueQueue` beside it (which
+    then drives the core). With a third party's policy,
+    ``NativeBlockPool(...)`` makes a :class:`NativePolicyPool`.
 
     Raises:
         InvalidConfigError: more groups (see :func:`native_gap`); or as the
@@ -92,15 +102,22 @@ class NativeBlockPool(BlockPool):
     backend = "native"
 
     def __new__(cls, *args: Any, **kwargs: Any) -> NativeBlockPool:
-        """A :class:`NativePolicyPool` where the policy is not ``lru``, else this class."""
+        """A :class:`NativePolicyPool` for a third party's policy, else this class."""
         policy = resolve_policy(kwargs.get("eviction", DEFAULT_POLICY))
-        if cls is NativeBlockPool and policy.build is not lru_policy:
+        if cls is NativeBlockPool and not _compiled(policy):
             cls = NativePolicyPool
         return super().__new__(cls)
 
     def _new_queue(self, factory: QueueFactory, info: PoolInfo) -> FreeQueue:
-        self._new_core(info.num_blocks, queue=True)
-        return self._core  # type: ignore[no-any-return]
+        if factory.build is lru_policy:
+            self._new_core(info.num_blocks, queue=True)
+            return self._core  # type: ignore[no-any-return]
+        self._new_core(info.num_blocks, queue=False)
+        native = importlib.import_module("kvcore._native")
+        parts = ValueRules(info, **BUILTIN_OPTIONS[factory.build]).compiled_parts()
+        # The queue drives the core (counts, transactions) and finds joiners'
+        # anchors in its prefix map.
+        return native.ValueQueue(info.num_blocks, core=self._core, **parts)  # type: ignore[no-any-return]
 
     def _new_core(self, num_blocks: int, *, queue: bool) -> None:
         native = importlib.import_module("kvcore._native")
@@ -147,7 +164,8 @@ class NativeBlockPool(BlockPool):
         if not num_blocks:
             return []
         removed = self._removed if self.enable_kv_cache_events else None
-        return self._core.take_blocks(  # type: ignore[no-any-return]
+        # The compiled queue (the core itself with lru) takes, and drives the core.
+        return self._queue.take_blocks(  # type: ignore[attr-defined,no-any-return]
             num_blocks, self.enable_caching, self._uncache, removed
         )
 
@@ -155,11 +173,11 @@ class NativeBlockPool(BlockPool):
         self._append_event(BlockRemoved(block_hashes=(block_hash,), group_idx=group))
 
     def _release(self, blocks: Sequence[int]) -> list[int]:
-        return self._core.release_blocks(blocks)  # type: ignore[no-any-return]
+        return self._queue.release_blocks(blocks)  # type: ignore[attr-defined,no-any-return]
 
     def _touch(self, blocks: Sequence[int]) -> list[int]:
-        # The lru queue ignores hits: no notice to send after the revive.
-        return self._core.touch_blocks(blocks)  # type: ignore[no-any-return]
+        # Hits are counted by the queue that needs them (lru ignores them).
+        return self._queue.touch_blocks(blocks)  # type: ignore[attr-defined,no-any-return]
 
     def count_evictable(self, blocks: Sequence[int]) -> int:
         """How many of ``blocks`` are free (cached, in the free queue); nulls not counted."""
@@ -217,14 +235,13 @@ class NativeBlockPool(BlockPool):
 
 
 class NativePolicyPool(NativeBlockPool):
-    """A native pool whose eviction policy, not the core, keeps the free blocks.
+    """A native pool whose third-party eviction policy keeps the free blocks in Python.
 
     The counts, the prefix map and the loops over them are compiled, as in
-    :class:`NativeBlockPool`; the policy (any but ``lru``: a built-in value
-    policy or a third party's, through the same free-queue interface as in
-    the Python pool) is asked for the blocks to take and told which became
-    free or took a hit, as the specification does. Transactions journal both:
-    the core's steps and the policy's.
+    :class:`NativeBlockPool`; the policy (through the same free-queue
+    interface as on the Python pool) is asked for the blocks to take and
+    told which became free or took a hit, as the specification does.
+    Transactions journal both the core's steps and the policy's.
     """
 
     __slots__ = ()

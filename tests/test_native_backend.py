@@ -81,20 +81,41 @@ def test_an_unknown_backend_names_the_field_and_the_choices(
 
 
 @pytest.mark.parametrize("eviction", ["admit", "frequency", "cost"])
-def test_native_serves_every_policy_with_the_policy_in_python(
+def test_native_serves_every_built_in_policy_with_compiled_queues(
     eviction: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     require_native()
-    from kvcore._eviction.policies import ValuePolicy
-    from kvcore._native_pool import NativePolicyPool
+    from kvcore import _native  # type: ignore[attr-defined]
+    from kvcore._native_pool import NativeBlockPool
 
     with caplog.at_level(logging.INFO, logger="kvcore"):
         built = [manager(backend="native", eviction=eviction), manager(eviction=eviction)]
     assert [m.backend for m in built] == ["native", "native"]
     for m in built:
-        assert type(m.block_pool) is NativePolicyPool
-        assert isinstance(m.block_pool._queue, ValuePolicy)
+        assert type(m.block_pool) is NativeBlockPool
+        assert type(m.block_pool._queue) is _native.ValueQueue
+        # The queue drives a core that keeps no queue of its own.
+        with pytest.raises(RuntimeError, match=r"keeps no free queue"):
+            list(m.block_pool._core)
     assert not [r for r in caplog.records if r.name == "kvcore"]
+
+
+def test_a_third_party_policy_runs_in_python_on_the_native_pool() -> None:
+    require_native()
+    from protocol_adapters import ReferenceLRU
+
+    from kvcore._eviction.driver import PolicyDriver
+    from kvcore._native_pool import NativePolicyPool
+
+    built = manager(backend="native", eviction=lambda info: ReferenceLRU(info.num_blocks))
+    assert type(built.block_pool) is NativePolicyPool
+    assert isinstance(built.block_pool._queue, PolicyDriver)
+    request = kvcore.Request("a", list(range(1, 19)))  # 18 tokens: 5 blocks of 4
+    blocks = built.allocate_slots(request, 18)
+    assert blocks is not None
+    assert blocks.get_block_ids() == ([1, 2, 3, 4, 5],)
+    built.free(request)  # freed last block first: 5, 4, 3, 2, 1
+    assert built.block_pool.free_block_ids() == [6, 7, 8, 9, 5, 4, 3, 2, 1]
 
 
 def test_a_policy_pool_core_has_no_queue_and_refuses_a_bad_hand_out() -> None:

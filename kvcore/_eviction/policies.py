@@ -63,16 +63,19 @@ The policies:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from typing import Any
 
 from kvcore._blocks import UndoLog
 from kvcore._eviction.credit import JOIN, NOT_FREE, WORTHLESS, CreditQueues
 from kvcore.eviction import PoolInfo, PoolView
 
 __all__ = [
+    "BUILTIN_OPTIONS",
     "CHECKPOINT_SHARE",
     "TAIL_TOKENS",
     "ValuePolicy",
+    "ValueRules",
     "admit_policy",
     "cost_policy",
     "frequency_policy",
@@ -96,8 +99,12 @@ MAX_HITS = 7
 _HIT_BITS = MAX_HITS * _HIT  # the hit count's bits, and their value at saturation
 
 
-class ValuePolicy:
-    """Worthless blocks first, admission for suffix groups, then credit classes.
+class ValueRules:
+    """The decisions of the value policies, without per-block state.
+
+    What a freed block's class is (by its state byte and its chain's depth),
+    which suffix blocks are admitted, where a joiner's prefix block is: the
+    parts of :class:`ValuePolicy` that a compiled twin of its queues reuses.
 
     Args:
         info: What the pool tells a policy.
@@ -113,6 +120,10 @@ class ValuePolicy:
         follow: Kept suffix blocks wait behind the prefix block of the same
             position while it is free (only with ``admission``: without it
             no suffix block is told apart).
+
+    Attributes:
+        credits: The credit of each valued class ``1 ..``, in released blocks.
+        free_at_start: Whether every block is free (never used) at the start.
     """
 
     __slots__ = (
@@ -121,21 +132,19 @@ class ValuePolicy:
         "_class_tables",
         "_decode_flags",
         "_depth_levels",
-        "_end",
         "_groups",
         "_hit_levels",
         "_interval",
         "_prefix_groups",
-        "_queues",
         "_read_memo",
         "_share",
-        "_state",
         "_suffix_groups",
         "_tail",
         "_view",
         "admission",
+        "credits",
         "follow",
-        "journal",
+        "free_at_start",
     )
 
     def __init__(
@@ -149,8 +158,7 @@ class ValuePolicy:
         admission: bool = True,
         follow: bool = True,
     ) -> None:
-        n = info.num_blocks
-        turnover = max(1, n - 1)
+        turnover = max(1, info.num_blocks - 1)
         if not 1 <= len(hit_credits) <= MAX_HITS + 1:
             msg = f"hit_credits needs 1 to {MAX_HITS + 1} levels, got {len(hit_credits)}"
             raise ValueError(msg)
@@ -163,17 +171,12 @@ class ValuePolicy:
         if len(hit_credits) * self._depth_levels >= JOIN:
             msg = f"at most {JOIN - 1} credit classes, got {len(hit_credits) * self._depth_levels}"
             raise ValueError(msg)
-        self._queues = CreditQueues(
-            n,
-            [
-                round(turnover * (hit + depth_credit * level))
-                for hit in hit_credits
-                for level in range(self._depth_levels)
-            ],
-            free_at_start=info.free_at_start,
-        )
-        self._state = bytearray(n)
-        self._end = array("i", bytes(4 * n))
+        self.credits = [
+            round(turnover * (hit + depth_credit * level))
+            for hit in hit_credits
+            for level in range(self._depth_levels)
+        ]
+        self.free_at_start = info.free_at_start
         self._groups = info.groups
         self._align = max(1, info.alignment_tokens)
         self._tail = tail_tokens
@@ -195,66 +198,36 @@ class ValuePolicy:
         self._block_sizes = tuple(group.block_size for group in info.groups)
         # Without admission no suffix block is marked, so none could follow.
         self.follow = follow and admission and info.view is not None and bool(self._suffix_groups)
-        if self.follow:
-            self._queues.anchors = self._anchors
         # The flags of a block cached past its prompt, by group.
         self._decode_flags = bytes(
             _CACHED | _SUFFIX if admission and g in self._suffix_groups else _CACHED
             for g in range(len(info.groups))
         )
-        self.journal: UndoLog | None = None
 
-    # -- what the pool reports --------------------------------------------------------
+    def compiled_parts(self) -> dict[str, object]:
+        """What a compiled twin of :class:`ValuePolicy` takes, by its argument names.
 
-    def take(self, n: int) -> list[int]:
-        """The ``n`` free blocks due first (never-used ones, then worthless ones)."""
-        blocks = self._queues.take(n)
-        state = self._state
-        # A taken block starts over: no hash, never hit.
-        for block in blocks:
-            state[block] = 0
-        if self.journal is not None:
-            self.journal.append((self.release, (blocks,)))
-        return blocks
-
-    def release(self, blocks: Sequence[int]) -> None:
-        """Queue freed blocks in the class their value says, in the given order."""
-        state = self._state
-        depth_level = self._chain_depth_level(blocks) if self._depth_levels > 1 else 0
-        table = self._class_tables[depth_level] or self._build_class_table(depth_level)
-        classes = [table[state[block]] for block in blocks]
-        if self.journal is not None:
-            self.journal.append((self._unrelease, (blocks,)))
-        if max(classes, default=WORTHLESS) < JOIN:
-            self._queues.push_all(blocks, classes)
-            return
-        # A joiner (a kept suffix block, whose place depends on its prefix
-        # block) is placed alone, after everything before it.
-        start = 0
-        for index, klass in enumerate(classes):
-            if klass >= JOIN:
-                if start < index:
-                    self._queues.push_all(blocks[start:index], classes[start:index])
-                block = blocks[index]
-                queues = self._queues
-                queues.push_joiner(block, klass - JOIN, queues.free_anchor_of(block))
-                start = index + 1
-        if start < len(blocks):
-            self._queues.push_all(blocks[start:], classes[start:])
-
-    def revive(self, blocks: Sequence[int]) -> None:
-        """A hit took free ``blocks`` back."""
-        self._queues.remove_all(blocks)
-        if self.journal is not None:
-            self.journal.append((self.release, (blocks,)))
-
-    def withdraw(self, blocks: Sequence[int]) -> None:
-        """Free ``blocks`` leave for good (their large page leaves the class): out of the queues."""
-        self.revive(blocks)
-
-    def _unrelease(self, blocks: Sequence[int]) -> None:
-        """Undo of :meth:`release`: the blocks are taken out of the queues again."""
-        self._queues.remove_all(blocks[::-1])
+        Every class table (one per depth level, 256 bytes each, joined), the
+        per-group flags and block sizes, the prefix groups a joiner's anchors
+        are looked up in, whether joiners follow them at all, and the
+        decision that stays in Python: the admitted suffix blocks of a prompt.
+        """
+        return {
+            "credits": self.credits,
+            "free_at_start": self.free_at_start,
+            "tables": b"".join(
+                self._class_tables[level] or self._build_class_table(level)
+                for level in range(self._depth_levels)
+            ),
+            "decode_flags": self._decode_flags,
+            "suffix_groups": bytes(
+                self.admission and g in self._suffix_groups for g in range(len(self._groups))
+            ),
+            "block_sizes": self._block_sizes,
+            "admitted": self._admitted_indices,
+            "prefix_groups": bytes(self._prefix_groups),
+            "follow": self.follow,
+        }
 
     def _build_class_table(self, depth_level: int) -> bytearray:
         """:meth:`_class_table`, built once per depth level."""
@@ -303,82 +276,6 @@ class ValuePolicy:
             for group in self._prefix_groups
             if (anchor := view.cached_block(block_hash, group)) is not None
         ]
-
-    def hit(self, blocks: Sequence[int]) -> None:
-        """Count the hit on every adopted block."""
-        state = self._state
-        for block in blocks:
-            if block:
-                value = state[block]
-                if value < _HIT_BITS:  # the count is not saturated
-                    # (A suffix block read by a hit is valued from now on.)
-                    state[block] = value + _HIT
-
-    def forget(self, blocks: Sequence[int] | None) -> None:
-        """Blocks without a hash are worthless; free ones move to the front."""
-        if blocks is None:
-            self._state = bytearray(len(self._state))
-            return
-        queues = self._queues
-        for block in blocks:
-            self._state[block] = 0
-            if queues.class_of(block) not in (WORTHLESS, NOT_FREE):
-                queues.move(block, WORTHLESS)
-
-    def cached(
-        self,
-        group: int,
-        blocks: Sequence[int],
-        start: int,
-        stop: int,
-        block_hashes: Sequence[Hashable],
-        num_prompt_tokens: int,
-    ) -> None:
-        """Record each newly cached block's depth and, in suffix groups, whether it is admitted.
-
-        A block is never hit while uncached (``take`` and ``forget`` reset
-        its count), so only its flags (and, for the cost policy, the token
-        its chain ends at) are written here.
-        """
-        if self.journal is not None:
-            self.journal.append((self.forget, ([block for block in blocks[start:stop] if block],)))
-        size = self._block_sizes[group]
-        if stop - start == 1 and start * size >= num_prompt_tokens:
-            # One block past the prompt (a decode step's): never admitted,
-            # and its flags depend only on the group.
-            block = blocks[start]
-            if block:
-                flag = self._state[block] = self._decode_flags[group]
-                if self._depth_levels > 1 and flag == _CACHED:
-                    self._end[block] = stop * size  # a prefix block: its chain end
-            return
-        flags = self._state
-        suffix = self.admission and group in self._suffix_groups
-        if self._depth_levels > 1 and not suffix:
-            # Only a prefix block's chain end is read (flagged _SUFFIX, a
-            # kept window or state block never counts as a chain's depth).
-            end = self._end
-            for block, chain_end in zip(
-                blocks[start:stop],
-                range((start + 1) * size, (stop + 1) * size, size),
-                strict=True,
-            ):
-                end[block] = chain_end
-        if not suffix:
-            for block in blocks[start:stop]:
-                flags[block] = _CACHED
-        else:
-            for block in blocks[start:stop]:
-                flags[block] = _CACHED | _SUFFIX
-            for index in self._admitted_indices(group, start, stop, num_prompt_tokens):
-                flags[blocks[index]] = _CACHED | _SUFFIX | _ADMITTED
-        # Null blocks in the range are not cached; the null block is never
-        # released or taken, but keep its state clean.
-        flags[0] = 0
-
-    def __iter__(self) -> Iterator[int]:
-        """The free blocks, next to be taken first."""
-        return iter(self._queues)
 
     # -- decisions --------------------------------------------------------------------
 
@@ -477,6 +374,164 @@ class ValuePolicy:
         align = self._align
         return -(-round(cost / (self._share * per_token)) // align) * align
 
+    def _depth_level(self, chain_end: int) -> int:
+        """Log2 depth class of a chain ending at token ``chain_end``, capped at the last level."""
+        return min((chain_end // DEPTH_SCALE).bit_length(), self._depth_levels - 1)
+
+
+class ValuePolicy(ValueRules):
+    """Worthless blocks first, admission for suffix groups, then credit classes.
+
+    The free queue of the ``admit``, ``frequency`` and ``cost`` policies:
+    :class:`ValueRules` decides, and the per-block state lives here (a state
+    byte, a chain end and the :class:`~kvcore._eviction.credit.CreditQueues`).
+    The arguments are those of :class:`ValueRules`.
+    """
+
+    __slots__ = ("_end", "_queues", "_state", "journal")
+
+    def __init__(self, info: PoolInfo, **options: Any) -> None:
+        super().__init__(info, **options)
+        n = info.num_blocks
+        self._queues = CreditQueues(n, self.credits, free_at_start=self.free_at_start)
+        self._state = bytearray(n)
+        self._end = array("i", bytes(4 * n))
+        if self.follow:
+            self._queues.anchors = self._anchors
+        self.journal: UndoLog | None = None
+
+    # -- what the pool reports --------------------------------------------------------
+
+    def take(self, n: int) -> list[int]:
+        """The ``n`` free blocks due first (never-used ones, then worthless ones)."""
+        blocks = self._queues.take(n)
+        state = self._state
+        # A taken block starts over: no hash, never hit.
+        for block in blocks:
+            state[block] = 0
+        if self.journal is not None:
+            self.journal.append((self.release, (blocks,)))
+        return blocks
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """Queue freed blocks in the class their value says, in the given order."""
+        state = self._state
+        depth_level = self._chain_depth_level(blocks) if self._depth_levels > 1 else 0
+        table = self._class_tables[depth_level] or self._build_class_table(depth_level)
+        classes = [table[state[block]] for block in blocks]
+        if self.journal is not None:
+            self.journal.append((self._unrelease, (blocks,)))
+        if max(classes, default=WORTHLESS) < JOIN:
+            self._queues.push_all(blocks, classes)
+            return
+        # A joiner (a kept suffix block, whose place depends on its prefix
+        # block) is placed alone, after everything before it.
+        start = 0
+        for index, klass in enumerate(classes):
+            if klass >= JOIN:
+                if start < index:
+                    self._queues.push_all(blocks[start:index], classes[start:index])
+                block = blocks[index]
+                queues = self._queues
+                queues.push_joiner(block, klass - JOIN, queues.free_anchor_of(block))
+                start = index + 1
+        if start < len(blocks):
+            self._queues.push_all(blocks[start:], classes[start:])
+
+    def revive(self, blocks: Sequence[int]) -> None:
+        """A hit took free ``blocks`` back."""
+        self._queues.remove_all(blocks)
+        if self.journal is not None:
+            self.journal.append((self.release, (blocks,)))
+
+    def withdraw(self, blocks: Sequence[int]) -> None:
+        """Free ``blocks`` leave for good (their large page leaves the class): out of the queues."""
+        self.revive(blocks)
+
+    def _unrelease(self, blocks: Sequence[int]) -> None:
+        """Undo of :meth:`release`: the blocks are taken out of the queues again."""
+        self._queues.remove_all(blocks[::-1])
+
+    def hit(self, blocks: Sequence[int]) -> None:
+        """Count the hit on every adopted block."""
+        state = self._state
+        for block in blocks:
+            if block:
+                value = state[block]
+                if value < _HIT_BITS:  # the count is not saturated
+                    # (A suffix block read by a hit is valued from now on.)
+                    state[block] = value + _HIT
+
+    def forget(self, blocks: Sequence[int] | None) -> None:
+        """Blocks without a hash are worthless; free ones move to the front."""
+        if blocks is None:
+            self._state = bytearray(len(self._state))
+            return
+        queues = self._queues
+        for block in blocks:
+            self._state[block] = 0
+            if queues.class_of(block) not in (WORTHLESS, NOT_FREE):
+                queues.move(block, WORTHLESS)
+
+    def cached(
+        self,
+        group: int,
+        blocks: Sequence[int],
+        start: int,
+        stop: int,
+        block_hashes: Sequence[Hashable],
+        num_prompt_tokens: int,
+    ) -> None:
+        """Record each newly cached block's depth and, in suffix groups, whether it is admitted.
+
+        A block is never hit while uncached (``take`` and ``forget`` reset
+        its count), so only its flags (and, for the cost policy, the token
+        its chain ends at) are written here.
+        """
+        if self.journal is not None:
+            self.journal.append((self.forget, ([block for block in blocks[start:stop] if block],)))
+        size = self._block_sizes[group]
+        if stop - start == 1 and start * size >= num_prompt_tokens:
+            # One block past the prompt (a decode step's): never admitted,
+            # and its flags depend only on the group.
+            block = blocks[start]
+            if block:
+                flag = self._state[block] = self._decode_flags[group]
+                if self._depth_levels > 1 and flag == _CACHED:
+                    self._end[block] = stop * size  # a prefix block: its chain end
+            return
+        flags = self._state
+        suffix = self.admission and group in self._suffix_groups
+        if self._depth_levels > 1 and not suffix:
+            # Only a prefix block's chain end is read (flagged _SUFFIX, a
+            # kept window or state block never counts as a chain's depth).
+            end = self._end
+            for block, chain_end in zip(
+                blocks[start:stop],
+                range((start + 1) * size, (stop + 1) * size, size),
+                strict=True,
+            ):
+                end[block] = chain_end
+        if not suffix:
+            for block in blocks[start:stop]:
+                flags[block] = _CACHED
+        else:
+            for block in blocks[start:stop]:
+                flags[block] = _CACHED | _SUFFIX
+            for index in self._admitted_indices(group, start, stop, num_prompt_tokens):
+                flags[blocks[index]] = _CACHED | _SUFFIX | _ADMITTED
+        # Null blocks in the range are not cached; the null block is never
+        # released or taken, but keep its state clean.
+        flags[0] = 0
+
+    def class_of(self, block: int) -> int:
+        """The credit class of free ``block`` (0: worthless), or 255 if it is not in one."""
+        return self._queues.class_of(block)
+
+    def __iter__(self) -> Iterator[int]:
+        """The free blocks, next to be taken first."""
+        return iter(self._queues)
+
     def _chain_depth_level(self, blocks: Sequence[int]) -> int:
         """Log2 depth class of the deepest cached prefix block of a freed batch."""
         flags = self._state
@@ -487,21 +542,26 @@ class ValuePolicy:
                 deepest = end[block]
         return self._depth_level(deepest)
 
-    def _depth_level(self, chain_end: int) -> int:
-        """Log2 depth class of a chain ending at token ``chain_end``, capped at the last level."""
-        return min((chain_end // DEPTH_SCALE).bit_length(), self._depth_levels - 1)
-
 
 def admit_policy(info: PoolInfo) -> ValuePolicy:
     """Least recently freed first, but window and state blocks kept only where hits end."""
-    return ValuePolicy(info)
+    return ValuePolicy(info, **BUILTIN_OPTIONS[admit_policy])
 
 
 def frequency_policy(info: PoolInfo) -> ValuePolicy:
     """Admission, then recency and frequency: blocks never hit go first."""
-    return ValuePolicy(info, hit_credits=(0.0, 1.0, 2.0))
+    return ValuePolicy(info, **BUILTIN_OPTIONS[frequency_policy])
 
 
 def cost_policy(info: PoolInfo) -> ValuePolicy:
     """Admission, then recency and prefill compute saved per byte: reused long chains last."""
-    return ValuePolicy(info, depth_credit=0.25)
+    return ValuePolicy(info, **BUILTIN_OPTIONS[cost_policy])
+
+
+#: The :class:`ValueRules` options of each built-in value policy, by factory
+#: (a compiled twin of the queues is built from the same rules).
+BUILTIN_OPTIONS: Mapping[Callable[[PoolInfo], object], Mapping[str, Any]] = {
+    admit_policy: {},
+    frequency_policy: {"hit_credits": (0.0, 1.0, 2.0)},
+    cost_policy: {"depth_credit": 0.25},
+}
