@@ -68,7 +68,7 @@ from _replay import (
 import kvcore
 from kvcore._backend import native_available
 from kvcore._eviction.lru import LRUFreeQueue
-from kvcore._hashing import DIGEST_SIZES
+from kvcore._hashing import DIGEST_SIZES, INT_HASH_ALGORITHMS
 from kvcore._native_pool import NativeBlockPool
 from kvcore_plugins.full_attention import FullAttentionSpec
 
@@ -278,10 +278,13 @@ def bench_memory(args: argparse.Namespace, vllm: Any | None, recorder: Recorder)
     print_load()
     print(f"  {'implementation':<34}{'build s':>9}{'fresh B/block':>15}{'aged B/block':>14}")
     # Each pool as a KV cache manager builds it for the algorithm: the native
-    # one keeps digests of a fixed width (sha256, xxh3_128) in its own arrays.
+    # one keeps digests of a fixed width (sha256, xxh3_128) or 64-bit ints
+    # (fast) in its own arrays.
     every: dict[str, Callable[[str], Any]] = {
         "python": lambda a: kvcore.managers.BlockPool(n),
-        "native": lambda a: NativeBlockPool(n, digest_size=DIGEST_SIZES.get(a)),
+        "native": lambda a: NativeBlockPool(
+            n, digest_size=DIGEST_SIZES.get(a), int_hashes=a in INT_HASH_ALGORITHMS
+        ),
     }
     makers = {backend: every[backend] for backend in _backends(args.backend)}
     hashes = {"sha256": "sha256 hashes", "xxh3_128": "16-byte hashes", "fast": "fast (int) hashes"}
@@ -337,7 +340,7 @@ def pool_components(pool: Any, total: int) -> dict[str, int]:
     queue = pool._queue
     links = [queue._queue, queue._stale] if isinstance(queue, LRUFreeQueue) else []
     native = isinstance(pool, NativeBlockPool)
-    if native and pool.digest_size is not None:
+    if native and pool._keyed:
         return digest_pool_components(pool, total)
     maps = [*pool._cached, *pool._dups]
     hashes = {id(h): h for h in pool._hash if h is not None}

@@ -188,11 +188,16 @@ class BlockPool:
             ``None`` (default): any hashable. The native pool then keeps its
             prefix map as digests in flat arrays and refuses other hashes;
             this pool records it and accepts any hashable.
+        int_hashes: Every hash this pool will cache is an ``int`` in the
+            signed 64-bit range (what the ``"fast"`` hasher makes). The
+            native pool then keeps its prefix map in flat arrays too, each
+            hash as 8 bytes; this pool records it. Not with ``digest_size``.
 
     Raises:
         InvalidConfigError: ``num_blocks`` is not an integer >= 1, the
-            policy did not hand out the null block first, or ``digest_size``
-            is neither ``None`` nor an int in 1..64.
+            policy did not hand out the null block first, ``digest_size``
+            is neither ``None`` nor an int in 1..64, or both ``digest_size``
+            and ``int_hashes`` are given.
         PoolTooLargeError: more blocks than int32 block ids address, or than
             the host has memory to keep track of.
         UnknownEvictionPolicyError: no policy has the name ``eviction``.
@@ -218,6 +223,7 @@ class BlockPool:
         "enable_caching",
         "enable_kv_cache_events",
         "hash_block_size",
+        "int_hashes",
         "num_blocks",
     )
 
@@ -241,12 +247,20 @@ class BlockPool:
         group_info: Sequence[GroupInfo] | None = None,
         alignment_tokens: int = 1,
         digest_size: int | None = None,
+        int_hashes: bool = False,
     ) -> None:
         _check_pool_size(num_blocks)
         if digest_size is not None and (type(digest_size) is not int or not 1 <= digest_size <= 64):
             msg = f"digest_size must be None or an int in 1..64 (bytes), got {digest_size!r}"
             raise InvalidConfigError(msg)
+        if int_hashes is not False and (int_hashes is not True or digest_size is not None):
+            msg = (
+                f"int_hashes must be True or False, and not given with digest_size; got "
+                f"int_hashes={int_hashes!r}, digest_size={digest_size!r}"
+            )
+            raise InvalidConfigError(msg)
         self.digest_size = digest_size
+        self.int_hashes = int_hashes
         for name, value in (("group_kinds", group_kinds), ("group_info", group_info)):
             if value is not None and len(value) != num_groups:
                 msg = f"{name} has {len(value)} entries for {num_groups} groups"

@@ -45,6 +45,8 @@ class KVCacheCoordinator:
         backend: The pool's backend (see :func:`kvcore._backend.resolve_backend`).
         digest_size: Bytes of every block hash, when the hasher makes digests
             of one width (the shared pool's ``digest_size``); ``None``: any.
+        int_hashes: Every block hash is a 64-bit int (the shared pool's
+            ``int_hashes``).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class KVCacheCoordinator:
         eviction: str | EvictionPolicyFactory,
         backend: str | None = None,
         digest_size: int | None = None,
+        int_hashes: bool = False,
     ) -> None:
         specs = [group.kv_cache_spec for group in config.kv_cache_groups]
         self.config = config
@@ -85,7 +88,11 @@ class KVCacheCoordinator:
             chosen = resolve_backend(backend, native_gap(eviction, len(specs)))
             pool_class = NativeBlockPool if chosen == "native" else BlockPool
             self.block_pool = pool_class(
-                config.num_blocks, num_groups=len(specs), digest_size=digest_size, **options
+                config.num_blocks,
+                num_groups=len(specs),
+                digest_size=digest_size,
+                int_hashes=int_hashes,
+                **options,
             )
         else:
             resolve_backend(backend, "a two-level pool (a KVCacheConfig with a page_pool)")
@@ -428,6 +435,7 @@ def make_coordinator(
     eviction: str | EvictionPolicyFactory = "lru",
     backend: str | None = None,
     digest_size: int | None = None,
+    int_hashes: bool = False,
 ) -> KVCacheCoordinator:
     """Validate ``config`` and build its coordinator.
 
@@ -462,4 +470,5 @@ def make_coordinator(
         eviction=eviction,
         backend=backend,
         digest_size=digest_size,
+        int_hashes=int_hashes,
     )

@@ -42,6 +42,7 @@ from kvcore.errors import InvalidConfigError, InvalidRequestError, RequestStateE
 
 __all__ = [
     "DIGEST_SIZES",
+    "INT_HASH_ALGORITHMS",
     "HASH_ALGORITHMS",
     "NONE_HASH_SHA256",
     "BlockHasher",
@@ -55,6 +56,8 @@ HASH_ALGORITHMS: Final = ("sha256", "fast", "xxh3_128")
 
 #: Bytes of each block hash an algorithm makes (``"fast"`` makes ints: absent).
 DIGEST_SIZES: Final = {"sha256": 32, "xxh3_128": 16}
+#: Algorithms whose block hashes are ints in the signed 64-bit range.
+INT_HASH_ALGORITHMS: Final = frozenset({"fast"})
 
 #: Parent digest of a request's first block under ``"sha256"``.
 NONE_HASH_SHA256: Final = hashlib.sha256(b"kvcore/none-hash/v1").digest()

@@ -45,7 +45,7 @@ from kvcore._config import KVCacheConfig
 from kvcore._coordinator import make_coordinator
 from kvcore._events import KVCacheEvent
 from kvcore._eviction.registry import DEFAULT_POLICY, select_policy
-from kvcore._hashing import DIGEST_SIZES, BlockHasher
+from kvcore._hashing import DIGEST_SIZES, INT_HASH_ALGORITHMS, BlockHasher
 from kvcore._plugin_loader import load_registry
 from kvcore._registry import Registry
 from kvcore._request import Request
@@ -254,6 +254,7 @@ class KVCacheManager:
             eviction=select_policy(eviction, registry.eviction_policies),
             backend=backend,
             digest_size=DIGEST_SIZES.get(hash_algorithm),
+            int_hashes=hash_algorithm in INT_HASH_ALGORITHMS,
         )
         self.block_pool = self.coordinator.block_pool
         #: Which backend serves this manager's block pool, ``"native"`` or ``"python"``.

@@ -14,7 +14,8 @@
  * The prefix map has two forms:
  *
  *   digests (bind_digests): every block hash is a bytes object of one width
- *     (the digests kvcore's "sha256" and "xxh3_128" hashers make); the map
+ *     (the digests kvcore's "sha256" and "xxh3_128" hashers make), or with
+ *     int keys an int of 64 bits (the "fast" hasher's, kept as 8 bytes); the map
  *     is a DigestTable (kvcore/_digest_table.c): the digest per block in one
  *     byte array and an open-addressing table of block ids. No Python object
  *     is kept per cached block. The duplicates (rare) stay a Python dict per
@@ -55,6 +56,8 @@ typedef struct {
     PyObject *groups;      /* bytearray: the group each block was cached in */
     PyObject *double_free; /* the exception class for a second free */
     int keyed;             /* the digest form: ``map`` holds the prefix map */
+    int int_keys;          /* ... with int hashes, kept as 8-byte little-endian keys */
+    unsigned char key[8];  /* the key of the int hash last converted (key_digest) */
     DigestTable map;
 } Core;
 
@@ -319,11 +322,25 @@ group_bytes(Core *self)
     return (const unsigned char *)PyByteArray_AS_STRING(self->groups);
 }
 
-/* The digest of ``key`` when it is a bytes object of the map's width, else NULL
- * (no exception: a key of another kind is cached under no block). */
+/* The digest of ``key`` when it is a bytes object of the map's width (with
+ * int keys: an int in the signed 64-bit range, as 8 bytes in self->key, valid
+ * until the next call), else NULL (no exception: a key of another kind is
+ * cached under no block). */
 static inline const unsigned char *
 key_digest(Core *self, PyObject *key)
 {
+    if (self->int_keys) {
+        int overflow;
+        long long value = PyLong_CheckExact(key) ? PyLong_AsLongLongAndOverflow(key, &overflow) : -1;
+        if (!PyLong_CheckExact(key) || overflow || (value == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return NULL;
+        }
+        for (int i = 0; i < 8; i++) {
+            self->key[i] = (unsigned char)((unsigned long long)value >> (8 * i));
+        }
+        return self->key;
+    }
     if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) != (Py_ssize_t)self->map.width) {
         return NULL;
     }
@@ -335,7 +352,14 @@ static const unsigned char *
 required_digest(Core *self, PyObject *key)
 {
     const unsigned char *digest = key_digest(self, key);
-    if (digest == NULL) {
+    if (digest == NULL && self->int_keys) {
+        PyErr_Format(PyExc_TypeError,
+                     "block hash %R is not an int in the signed 64-bit range: this pool was "
+                     "built with int_hashes=True (hash with the algorithm it was built for, or "
+                     "build it with int_hashes=False for hashes of any kind)",
+                     key);
+    }
+    else if (digest == NULL) {
         PyErr_Format(PyExc_TypeError,
                      "block hash %R is not a bytes object of %zd bytes: this pool was built "
                      "with digest_size=%zd (hash with the algorithm it was built for, or "
@@ -349,8 +373,15 @@ required_digest(Core *self, PyObject *key)
 static inline PyObject *
 digest_object(Core *self, int32_t block)
 {
-    return PyBytes_FromStringAndSize((const char *)dt_digest(&self->map, block),
-                                     (Py_ssize_t)self->map.width);
+    const unsigned char *digest = dt_digest(&self->map, block);
+    if (self->int_keys) {
+        unsigned long long value = 0;
+        for (int i = 7; i >= 0; i--) {
+            value = value << 8 | digest[i];
+        }
+        return PyLong_FromLongLong((long long)value);
+    }
+    return PyBytes_FromStringAndSize((const char *)digest, (Py_ssize_t)self->map.width);
 }
 
 /* A group id of the map, or -1 with IndexError set. */
@@ -391,8 +422,13 @@ Core_bind_digests(Core *self, PyObject *args)
 {
     Py_ssize_t width;
     PyObject *dups, *groups;
-    if (!PyArg_ParseTuple(args, "nO!O!", &width, &PyList_Type, &dups, &PyByteArray_Type,
-                          &groups)) {
+    int int_keys = 0;
+    if (!PyArg_ParseTuple(args, "nO!O!|p", &width, &PyList_Type, &dups, &PyByteArray_Type,
+                          &groups, &int_keys)) {
+        return NULL;
+    }
+    if (int_keys && width != 8) {
+        PyErr_Format(PyExc_ValueError, "int keys are 8 bytes wide, got %zd", width);
         return NULL;
     }
     if (self->keyed || self->hashes != NULL) {
@@ -420,6 +456,7 @@ Core_bind_digests(Core *self, PyObject *args)
         return PyErr_NoMemory();
     }
     self->keyed = 1;
+    self->int_keys = int_keys;
     Py_INCREF(dups);
     Py_XSETREF(self->dups, dups);
     Py_INCREF(groups);
@@ -2221,7 +2258,8 @@ static PyMethodDef Core_methods[] = {
     {"enter", (PyCFunction)Core_enter, METH_VARARGS,
      "enter(blocks, hashes, group, several_groups): cache blocks under hashes."},
     {"bind_digests", (PyCFunction)Core_bind_digests, METH_VARARGS,
-     "bind_digests(width, dups, groups): keep the prefix map here, hashes of width bytes."},
+     "bind_digests(width, dups, groups, int_keys=False): keep the prefix map here, hashes "
+     "of width bytes (or ints of 8)."},
     {"hash_at", (PyCFunction)Core_hash_at, METH_O, "The hash a block carries, or None."},
     {"set_hash", (PyCFunction)Core_set_hash, METH_VARARGS,
      "set_hash(block, hash or None): the hash the block carries."},

@@ -25,16 +25,17 @@ every step. What moves to C (:mod:`kvcore._native`, built from
   prefix and entering full blocks in the cache.
 
 The prefix map has two forms. With ``digest_size`` (every hash a ``bytes``
-of that width, as kvcore's ``"sha256"`` and ``"xxh3_128"`` hashers make; the
-KV cache manager passes it), the map moves to C as well: each block's digest
-in one byte array and an open-addressing table of block ids, no Python
-object per cached block (:mod:`kvcore._native_views` shows it to the
-specification's code as the list and dicts it expects). Without it, block
-hashes are any hashable and the map stays the Python pool's containers (the
-per-block hash list, the per-group dicts, the group bytearray), driven from
-C. Either way the rare steps stay Python, shared with the specification: a
-hash with duplicates (``_uncache``), the events, the reset and the invariant
-checks.
+of that width, as kvcore's ``"sha256"`` and ``"xxh3_128"`` hashers make) or
+``int_hashes`` (every hash an int of 64 bits, as the ``"fast"`` hasher makes;
+kept as 8-byte keys), both of which the KV cache manager passes, the map
+moves to C as well: each block's digest in one byte array and an
+open-addressing table of block ids, no Python object per cached block
+(:mod:`kvcore._native_views` shows it to the specification's code as the
+list and dicts it expects). Without either, block hashes are any hashable
+and the map stays the Python pool's containers (the per-block hash list, the
+per-group dicts, the group bytearray), driven from C. Either way the rare
+steps stay Python, shared with the specification: a hash with duplicates
+(``_uncache``), the events, the reset and the invariant checks.
 
 Every change made inside a transaction records its undo in the pool's log,
 the C steps included, so a rollback restores the exact state (queue order
@@ -126,20 +127,27 @@ class NativeBlockPool(BlockPool):
             msg = f"the native block pool cannot serve {gap}; use backend='python' or 'auto'"
             raise InvalidConfigError(msg)
         self._core = native.Core(num_blocks, DoubleFreeError, queue=queue)
-        if self.digest_size is None:
+        if self.int_hashes:
+            self._bind_digests(8, int_keys=True)
+        elif self.digest_size is None:
             self._bind()
         else:
             self._bind_digests(self.digest_size)
         self._ref = memoryview(self._core)  # type: ignore[assignment]
 
+    @property
+    def _keyed(self) -> bool:
+        """Whether the prefix map is the core's compiled table (fixed-width or int hashes)."""
+        return self.digest_size is not None or self.int_hashes
+
     def _bind(self) -> None:
         self._core.bind(self._hash, self._cached, self._dups, self._group)
 
-    def _bind_digests(self, digest_size: int) -> None:
+    def _bind_digests(self, digest_size: int, *, int_keys: bool = False) -> None:
         if not isinstance(self._group, bytearray):
             msg = "the native block pool serves at most 256 groups"
             raise InvalidConfigError(msg)
-        self._core.bind_digests(digest_size, self._dups, self._group)
+        self._core.bind_digests(digest_size, self._dups, self._group, int_keys)
         self._hash = NativeHashes(self._core)  # type: ignore[assignment]
         # The specification's code uses only what the view shares with a dict.
         maps: list[Any] = [NativePrefixMap(self._core, group) for group in range(len(self._dups))]
@@ -211,7 +219,7 @@ class NativeBlockPool(BlockPool):
         self._core.enter(blocks, block_hashes, group, several_groups)
 
     def _clear_cache(self) -> None:
-        if self.digest_size is None:
+        if not self._keyed:
             # The specification makes a new hash list: the core must drive that one.
             super()._clear_cache()
             self._bind()
@@ -224,7 +232,7 @@ class NativeBlockPool(BlockPool):
 
     def num_cached_blocks(self) -> int:
         """Blocks currently in the prefix cache (in use or evictable)."""
-        if self.digest_size is None:
+        if not self._keyed:
             return super().num_cached_blocks()
         return self._core.num_hashed  # type: ignore[no-any-return]
 

@@ -1,4 +1,4 @@
-"""The native pool's prefix map kept as digests in C (``digest_size``).
+"""The native pool's prefix map kept as digests in C (``digest_size``, ``int_hashes``).
 
 The differential tests drive it against the Python pool with engine and
 pool traffic (``test_native_differential.py``); here: which managers get it,
@@ -37,16 +37,19 @@ def digest(value: int) -> bytes:
     return hashlib.sha256(str(value).encode()).digest()
 
 
-@pytest.mark.parametrize(("algorithm", "size"), [("sha256", 32), ("xxh3_128", 16), ("fast", None)])
-def test_a_manager_gives_its_pool_the_digest_size_of_its_hash(
-    algorithm: str, size: int | None
+@pytest.mark.parametrize(
+    ("algorithm", "size", "ints"),
+    [("sha256", 32, False), ("xxh3_128", 16, False), ("fast", None, True)],
+)
+def test_a_manager_gives_its_pool_the_kind_of_its_hashes(
+    algorithm: str, size: int | None, ints: bool
 ) -> None:
     require_native()
     if algorithm == "xxh3_128":
         pytest.importorskip("xxhash")
     config = kvcore.KVCacheConfig.from_specs(10, [full()])
     manager = kvcore.KVCacheManager(config, 64, registry=REGISTRY, hash_algorithm=algorithm)
-    assert manager.block_pool.digest_size == size
+    assert (manager.block_pool.digest_size, manager.block_pool.int_hashes) == (size, ints)
     request = kvcore.Request("a", list(range(12)))
     manager.get_computed_blocks(request)
     manager.allocate_slots(request, 12)
@@ -76,6 +79,40 @@ def test_a_hash_of_another_kind_is_refused_and_changes_nothing(bad: object) -> N
     pool.check_invariants()
 
 
+@pytest.mark.parametrize("bad", [2**63, -(2**63) - 1, b"12345678", 3.0, True, None])
+def test_an_int_pool_refuses_a_hash_that_is_no_64_bit_int_and_changes_nothing(
+    bad: object,
+) -> None:
+    pool = native_pool(8, int_hashes=True)
+    blocks = pool.get_new_blocks(3)
+    request = kvcore.Request("r", [0] * 3)
+    request.block_hashes.extend([-(2**63), bad, 2**63 - 1])
+    before = pool_state(pool)
+    with pytest.raises(TypeError, match=r"is not an int in the signed 64-bit range.*int_hashes"):
+        pool.cache_full_blocks(request, blocks, 0, 3, 1, 0)
+    assert pool_state(pool) == before
+    pool.check_invariants()
+
+
+def test_int_hashes_round_trip_through_the_8_byte_keys_at_both_ends_of_the_range() -> None:
+    pool = native_pool(8, int_hashes=True)
+    blocks = pool.get_new_blocks(4)
+    request = kvcore.Request("r", [0] * 4)
+    values = [-(2**63), -1, 0, 2**63 - 1]
+    request.block_hashes.extend(values)
+    pool.cache_full_blocks(request, blocks, 0, 4, 1, 0)
+    assert [pool.block_hash(b) for b in blocks] == values
+    assert pool.match_prefix(values, 0, 4, [0]) == (blocks,)
+    assert pool.cached_block(-1, 0) == blocks[1]
+    assert pool.cached_block(1, 0) is None
+
+
+@pytest.mark.parametrize("options", [{"int_hashes": 1}, {"int_hashes": True, "digest_size": 8}])
+def test_int_hashes_is_a_bool_and_excludes_a_digest_size(options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidConfigError, match=r"int_hashes must be True or False"):
+        BlockPool(8, **options)
+
+
 def test_the_byte_count_follows_the_layout() -> None:
     pool = native_pool(1000, digest_size=32)
     # int32 counts (1,000), int32 queue links before and after (1,001 each with
@@ -84,6 +121,9 @@ def test_the_byte_count_follows_the_layout() -> None:
     expected = 4 * 1000 + 8 * 1001 + 32 * 1000 + 125 + 4 * (1000 + 500 + 16) + 8
     assert pool.nbytes == expected == 50_205
     assert native_pool(1000).nbytes == 4 * 1000 + 8 * 1001
+    # Int hashes: the same layout with 8-byte keys.
+    int_expected = 4 * 1000 + 8 * 1001 + 8 * 1000 + 125 + 4 * (1000 + 500 + 16) + 8
+    assert native_pool(1000, int_hashes=True).nbytes == int_expected == 26_205
 
 
 def test_the_views_keep_an_entry_and_its_hash_together() -> None:
