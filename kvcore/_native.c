@@ -1309,16 +1309,25 @@ Core_undo_evict(Core *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* Undo a partial release: one count back on each non-null block of items[0:walked]. */
+/* Add ``delta`` to the count of each non-null block of items[0:count] (the
+ * undo of a partial release, +1, or of a partial hit, -1); ids outside the
+ * pool are skipped. */
 static void
-unrelease(Core *self, PyObject **items, Py_ssize_t walked)
+shift_counts(Core *self, PyObject **items, Py_ssize_t count, int32_t delta)
 {
-    for (Py_ssize_t i = 0; i < walked; i++) {
+    for (Py_ssize_t i = 0; i < count; i++) {
         long block = PyLong_AsLong(items[i]);
-        if (block > 0) {
-            self->ref[block] += 1;
+        if (block > 0 && block < self->n) {
+            self->ref[block] += delta;
         }
     }
+}
+
+/* Undo a partial release: one count back on each non-null block of items[0:walked]. */
+static inline void
+unrelease(Core *self, PyObject **items, Py_ssize_t walked)
+{
+    shift_counts(self, items, walked, 1);
 }
 
 /* Drop a count on each block of ``fast``; collect those reaching 0 in ``released``. */
@@ -1410,41 +1419,44 @@ Core_undo_release_blocks(Core *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* Take a count on each non-null block of items; unlink those that were free. */
+/* Take a count on each non-null block of items; collect those that were free
+ * in ``revived`` and, with ``links`` (a core keeping the queue), unlink them,
+ * recording their neighbours there. How many were free, or -1 with an
+ * exception and nothing changed. */
 static Py_ssize_t
 take_counts(Core *self, PyObject **items, Py_ssize_t size, int32_t *links, PyObject *revived)
 {
-    Py_ssize_t unlinked = 0;
+    Py_ssize_t freed = 0;
     for (Py_ssize_t i = 0; i < size; i++) {
         int32_t block = block_of(self, items[i]);
         int bad = block < 0;
         if (!bad && block && self->ref[block] == 0) {
-            if (self->prev[block] == -1) {
+            if (links != NULL && self->prev[block] == -1) {
                 PyErr_Format(PyExc_RuntimeError, "free block %d is not queued", block);
                 bad = 1;
             }
             else if (PyList_Append(revived, items[i]) < 0) {
                 bad = 1;
             }
+            else if (links != NULL) {
+                unlink_recorded(self, block, links + 3 * freed++);
+            }
             else {
-                unlink_recorded(self, block, links + 3 * unlinked++);
+                freed++;
             }
         }
         if (bad) {
-            for (Py_ssize_t j = 0; j < i; j++) {
-                long back = PyLong_AsLong(items[j]);
-                if (back > 0) {
-                    self->ref[back] -= 1;
-                }
+            shift_counts(self, items, i, -1);
+            if (links != NULL) {
+                relink(self, links, freed);
             }
-            relink(self, links, unlinked);
             return -1;
         }
         if (block) {
             self->ref[block] += 1;
         }
     }
-    return unlinked;
+    return freed;
 }
 
 static PyObject *
@@ -1470,12 +1482,7 @@ Core_touch_blocks(Core *self, PyObject *blocks)
     }
     if (unlinked >= 0 && journaling(self) &&
         journal_unlinks(self, "_undo_touch_blocks", fast, links, unlinked) < 0) {
-        for (Py_ssize_t j = 0; j < size; j++) {
-            long back = PyLong_AsLong(items[j]);
-            if (back > 0) {
-                self->ref[back] -= 1;
-            }
-        }
+        shift_counts(self, items, size, -1);
         unlinked = -1;
     }
     PyMem_Free(links);
@@ -1502,13 +1509,7 @@ Core_undo_touch_blocks(Core *self, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "_undo_touch_blocks expects a list or tuple");
         return NULL;
     }
-    PyObject **items = PySequence_Fast_ITEMS(fast);
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
-        long block = PyLong_AsLong(items[i]);
-        if (block > 0 && block < self->n) {
-            self->ref[block] -= 1;
-        }
-    }
+    shift_counts(self, PySequence_Fast_ITEMS(fast), PySequence_Fast_GET_SIZE(fast), -1);
     Py_ssize_t count = PyBytes_GET_SIZE(links) / (Py_ssize_t)(3 * sizeof(int32_t));
     relink(self, (const int32_t *)PyBytes_AS_STRING(links), count);
     self->num_free += count;
@@ -1651,13 +1652,7 @@ undo_counts(Core *self, PyObject *args, int sign, const char *name)
         PyErr_Format(PyExc_TypeError, "%s expects a list or tuple", name);
         return NULL;
     }
-    PyObject **items = PySequence_Fast_ITEMS(fast);
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
-        long block = PyLong_AsLong(items[i]);
-        if (block > 0 && block < self->n) {
-            self->ref[block] += sign;
-        }
-    }
+    shift_counts(self, PySequence_Fast_ITEMS(fast), PySequence_Fast_GET_SIZE(fast), sign);
     self->num_free -= sign * freed;
     Py_RETURN_NONE;
 }
@@ -1678,40 +1673,19 @@ Core_adopt_blocks(Core *self, PyObject *blocks)
     Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
     PyObject **items = PySequence_Fast_ITEMS(fast);
     PyObject *revived = PyList_New(0);
-    if (revived == NULL) {
-        Py_DECREF(fast);
-        return NULL;
+    /* No links: the pool's policy, not this core, takes the free ones out. */
+    Py_ssize_t freed = revived == NULL ? -1 : take_counts(self, items, size, NULL, revived);
+    if (freed >= 0 && journaling(self) &&
+        journal_append(self, "_undo_adopt_blocks", Py_BuildValue("(On)", fast, freed)) < 0) {
+        shift_counts(self, items, size, -1);
+        freed = -1;
     }
-    Py_ssize_t i = 0;
-    for (; i < size; i++) {
-        int32_t block = block_of(self, items[i]);
-        if (block < 0 || (block && self->ref[block] == 0 && PyList_Append(revived, items[i]) < 0)) {
-            break;
-        }
-        if (block) {
-            self->ref[block] += 1;
-        }
-    }
-    Py_ssize_t count = PyList_GET_SIZE(revived);
-    if (i == size && journaling(self) &&
-        journal_append(self, "_undo_adopt_blocks", Py_BuildValue("(On)", fast, count)) < 0) {
-        i = -1;
-    }
-    if (i != size) {
-        /* Give back the counts taken so far (all of them when the journal failed). */
-        Py_ssize_t taken = i < 0 ? size : i;
-        for (Py_ssize_t j = 0; j < taken; j++) {
-            long back = PyLong_AsLong(items[j]);
-            if (back > 0) {
-                self->ref[back] -= 1;
-            }
-        }
-        Py_DECREF(revived);
-        Py_DECREF(fast);
-        return NULL;
-    }
-    self->num_free -= count;
     Py_DECREF(fast);
+    if (freed < 0) {
+        Py_XDECREF(revived);
+        return NULL;
+    }
+    self->num_free -= freed;
     return revived;
 }
 

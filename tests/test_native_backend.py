@@ -137,6 +137,11 @@ def test_a_policy_pool_core_has_no_queue_and_refuses_a_bad_hand_out() -> None:
         assert (list(memoryview(core)), core.num_free) == ([1, 1, 0, 0], 2)
     # A hit on a free and a held block: the free one comes back to be
     # unqueued by the policy; the counts, and the undo, as worked out by hand.
+    # A bad id part-way: the counts taken before it are given back.
+    for bad in ([2, 1, 4], [2, -1], [2, 1.5]):
+        with pytest.raises((IndexError, TypeError)):
+            core.adopt_blocks(bad)
+        assert (list(memoryview(core)), core.num_free) == ([1, 1, 0, 0], 2)
     core.journal = []
     assert core.adopt_blocks([2, 1, 0]) == [2]
     assert (list(memoryview(core)), core.num_free) == ([1, 2, 1, 0], 1)
