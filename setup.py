@@ -1,8 +1,9 @@
 """The compiled part of kvcore: everything else is configured in pyproject.toml.
 
-``kvcore._native`` (kvcore/_native.c and kvcore/_value_queue.c, the value
-eviction policies' queue, CPython's C API only, and kvcore/_digest_table.c,
-plain C: the prefix map over fixed-width digests) is
+``kvcore._native`` (kvcore/_native_module.c, the module; kvcore/_native.c,
+the pool core; kvcore/_value_queue.c, the value eviction policies' queue;
+CPython's C API only; and kvcore/_digest_table.c, plain C: the prefix map
+over fixed-width digests) is
 optional: when the machine has no C compiler or the build fails, setuptools
 reports it and installs kvcore without it, and kvcore then runs its Python
 backend (it says so once, when a pool is first made).
@@ -28,8 +29,13 @@ setup(
     ext_modules=[
         Extension(
             "kvcore._native",
-            sources=["kvcore/_native.c", "kvcore/_digest_table.c", "kvcore/_value_queue.c"],
-            depends=["kvcore/_digest_table.h", "kvcore/_value_queue.h"],
+            sources=[
+                "kvcore/_native_module.c",
+                "kvcore/_native.c",
+                "kvcore/_digest_table.c",
+                "kvcore/_value_queue.c",
+            ],
+            depends=["kvcore/_native_core.h", "kvcore/_digest_table.h", "kvcore/_value_queue.h"],
             extra_compile_args=["-O2", "-std=c11", *extra],
             extra_link_args=link,
             optional=True,

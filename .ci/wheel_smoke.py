@@ -106,7 +106,8 @@ def check_sdist(sdist: Path) -> None:
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     for wanted in ("LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "setup.py",
-                   "kvcore/_native.c", "kvcore/_native_hash.c",
+                   "kvcore/_native_module.c", "kvcore/_native.c", "kvcore/_native_core.h",
+                   "kvcore/_native_hash.c",
                    "kvcore/_digest_table.c", "kvcore/_digest_table.h",
                    "kvcore/_value_queue.c", "kvcore/_value_queue.h",
                    *(f"plugins/{name}/__init__.py" for name in BUILT_IN)):

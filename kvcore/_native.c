@@ -38,7 +38,7 @@
 #include <string.h>
 
 #include "_digest_table.h"
-#include "_value_queue.h"
+#include "_native_core.h"
 
 typedef struct {
     PyObject_HEAD
@@ -2279,32 +2279,16 @@ static PyTypeObject CoreType = {
     .tp_as_buffer = &Core_as_buffer,
 };
 
-static struct PyModuleDef native_module = {
-    PyModuleDef_HEAD_INIT,
-    .m_name = "kvcore._native",
-    .m_doc = "The compiled twin of kvcore's block pool (see kvcore/_native_pool.py).",
-    .m_size = -1,
-};
-
-PyMODINIT_FUNC
-PyInit__native(void)
+int
+kv_add_core(PyObject *module)
 {
     if (PyType_Ready(&CoreType) < 0) {
-        return NULL;
-    }
-    PyObject *module = PyModule_Create(&native_module);
-    if (module == NULL) {
-        return NULL;
+        return -1;
     }
     Py_INCREF(&CoreType);
     if (PyModule_AddObject(module, "Core", (PyObject *)&CoreType) < 0) {
         Py_DECREF(&CoreType);
-        Py_DECREF(module);
-        return NULL;
+        return -1;
     }
-    if (kv_add_value_queue(module) < 0) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
+    return 0;
 }

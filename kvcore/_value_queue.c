@@ -33,6 +33,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_native_core.h"
 #include "_value_queue.h"
 
 #define NOT_FREE 255
@@ -845,45 +846,30 @@ VQ_touch_blocks(ValueQueue *q, PyObject *blocks)
 
 /* -- inspection ---------------------------------------------------------------- */
 
-/* The free blocks in the order take would hand them out, without changing
- * anything: never-used ones, worthless ones, then by deadline, a joiner
- * whose anchor is still to come listed right after it. */
-static PyObject *
-free_order(ValueQueue *q)
+static int
+append_id(PyObject *out, int32_t block)
 {
-    size_t n = (size_t)q->n;
-    unsigned char *taken = PyMem_Calloc(n, 1);
-    int32_t *waiting = PyMem_Malloc(n * sizeof(int32_t)); /* anchor -> first waiting joiner */
-    int32_t *after = PyMem_Malloc(n * sizeof(int32_t));   /* joiner -> the next one */
-    int32_t *heads = PyMem_Malloc((size_t)q->classes * sizeof(int32_t));
-    PyObject *out = PyList_New(0);
-    int failed = taken == NULL || waiting == NULL || after == NULL || heads == NULL || out == NULL;
-    if (failed && !PyErr_Occurred()) {
-        PyErr_NoMemory();
+    PyObject *item = PyLong_FromLong(block);
+    int failed = item == NULL || PyList_Append(out, item) < 0;
+    Py_XDECREF(item);
+    return failed ? -1 : 0;
+}
+
+/* Append the blocks of the valued classes to ``out`` in the order take would
+ * hand them out: the earliest deadline first, a joiner whose anchor is still
+ * to come right after that anchor. The rest are scratch: ``taken`` n zero
+ * bytes, ``waiting`` and ``after`` n ids each, ``heads`` one id a class. 0, or
+ * -1 with an exception. */
+static int
+append_by_deadline(ValueQueue *q, PyObject *out, unsigned char *taken, int32_t *waiting,
+                   int32_t *after, int32_t *heads)
+{
+    memset(waiting, 0xff, (size_t)q->n * sizeof(int32_t)); /* anchor -> first waiting joiner */
+    for (int k = 1; k < q->classes; k++) {
+        int32_t s = sentinel_of(q, k);
+        heads[k] = q->next[s] == s ? -1 : q->next[s];
     }
-#define YIELD(block)                                                    \
-    do {                                                                \
-        PyObject *item_ = PyLong_FromLong(block);                       \
-        failed = item_ == NULL || PyList_Append(out, item_) < 0;        \
-        Py_XDECREF(item_);                                              \
-    } while (0)
-    for (Py_ssize_t b = q->fresh_start; !failed && b < q->fresh_end; b++) {
-        if (!q->hole[b]) {
-            YIELD((int32_t)b);
-        }
-    }
-    int32_t sentinel = sentinel_of(q, WORTHLESS);
-    for (int32_t b = failed ? sentinel : q->next[sentinel]; !failed && b != sentinel; b = q->next[b]) {
-        YIELD(b);
-    }
-    if (!failed) {
-        memset(waiting, 0xff, n * sizeof(int32_t));
-        for (int k = 1; k < q->classes; k++) {
-            int32_t s = sentinel_of(q, k);
-            heads[k] = q->next[s] == s ? -1 : q->next[s];
-        }
-    }
-    while (!failed) {
+    for (;;) {
         int best = -1;
         for (int k = 1; k < q->classes; k++) {
             if (heads[k] >= 0 && (best < 0 || q->deadline[heads[k]] < q->deadline[heads[best]])) {
@@ -891,31 +877,56 @@ free_order(ValueQueue *q)
             }
         }
         if (best < 0) {
-            break;
+            return 0;
         }
         int32_t block = heads[best], following = q->next[block];
         heads[best] = following == sentinel_of(q, best) ? -1 : following;
-        if (q->joiner[block]) {
-            int32_t anchor = free_anchor_of(q, block, taken);
-            if (anchor == ANCHOR_ERROR) {
-                failed = 1;
-                break;
-            }
-            if (anchor != NO_ANCHOR) {
-                after[block] = waiting[anchor];
-                waiting[anchor] = block;
-                continue;
-            }
+        int32_t anchor = q->joiner[block] ? free_anchor_of(q, block, taken) : NO_ANCHOR;
+        if (anchor == ANCHOR_ERROR) {
+            return -1;
         }
-        YIELD(block);
+        if (anchor != NO_ANCHOR) {
+            after[block] = waiting[anchor]; /* the joiner -> the next one waiting */
+            waiting[anchor] = block;
+            continue;
+        }
+        if (append_id(out, block) < 0) {
+            return -1;
+        }
         taken[block] = 1;
-        for (int32_t moved = waiting[block]; !failed && moved >= 0; moved = after[moved]) {
-            YIELD(moved);
+        for (int32_t moved = waiting[block]; moved >= 0; moved = after[moved]) {
+            if (append_id(out, moved) < 0) {
+                return -1;
+            }
             taken[moved] = 1;
         }
         waiting[block] = -1;
     }
-#undef YIELD
+}
+
+/* The free blocks in the order take would hand them out, without changing
+ * anything: never-used ones, worthless ones, then by deadline. */
+static PyObject *
+free_order(ValueQueue *q)
+{
+    size_t n = (size_t)q->n;
+    unsigned char *taken = PyMem_Calloc(n, 1);
+    int32_t *waiting = PyMem_Malloc(n * sizeof(int32_t));
+    int32_t *after = PyMem_Malloc(n * sizeof(int32_t));
+    int32_t *heads = PyMem_Malloc((size_t)q->classes * sizeof(int32_t));
+    PyObject *out = PyList_New(0);
+    int failed = taken == NULL || waiting == NULL || after == NULL || heads == NULL || out == NULL;
+    if (failed && !PyErr_Occurred()) {
+        PyErr_NoMemory();
+    }
+    for (Py_ssize_t b = q->fresh_start; !failed && b < q->fresh_end; b++) {
+        failed = !q->hole[b] && append_id(out, (int32_t)b) < 0;
+    }
+    int32_t sentinel = sentinel_of(q, WORTHLESS);
+    for (int32_t b = failed ? sentinel : q->next[sentinel]; !failed && b != sentinel; b = q->next[b]) {
+        failed = append_id(out, b) < 0;
+    }
+    failed = failed || append_by_deadline(q, out, taken, waiting, after, heads) < 0;
     PyMem_Free(taken);
     PyMem_Free(waiting);
     PyMem_Free(after);

@@ -4,26 +4,7 @@
 
 #include <Python.h>
 
-#include <stdint.h>
-
-/* Add the ValueQueue type to ``module``; 0, or -1 with an exception. */
+/* Ready the ValueQueue type and add it to ``module``; 0, or -1 with an exception. */
 int kv_add_value_queue(PyObject *module);
-
-/* Defined by kvcore/_native.c, for the value queue's anchors: whether
- * ``object`` is a pool core; and the block of ``group`` that a lookup of the
- * hash ``block`` carries finds (1, *entry set), none (0: no hash, or nothing
- * cached under it), or -1 with an exception. */
-int kv_is_core(PyObject *object);
-int kv_core_entry_like(PyObject *object, int32_t block, int group, int32_t *entry);
-
-/* The core's claim_blocks(blocks, evict, uncache, removed) (``blocks`` a
- * list; 0, or -1 with an exception), drop_blocks(blocks) and
- * adopt_blocks(blocks) (new references, or NULL with an exception), and its
- * journal set to ``journal`` (a list or None, checked by the caller). */
-int kv_core_claim(PyObject *core, PyObject *blocks, int evict, PyObject *uncache,
-                  PyObject *removed);
-PyObject *kv_core_drop(PyObject *core, PyObject *blocks);
-PyObject *kv_core_adopt(PyObject *core, PyObject *blocks);
-void kv_core_set_journal(PyObject *core, PyObject *journal);
 
 #endif
