@@ -57,10 +57,32 @@ home_of(const DigestTable *table, uint64_t h)
     return (size_t)(((unsigned __int128)h * table->cap) >> 64);
 }
 
+/* The most bits a slot spends on its entry's distance from its home slot,
+ * and the fewest it keeps for the tag before it spends any on the distance
+ * (a tag of fewer bits lets more probes of other keys read a digest). */
+#define DIST_BITS 5
+#define MIN_TAG_BITS 8
+
+/* A distance too large for the slot's bits: the entry's home is then found
+ * from its digest. */
+static inline uint32_t
+far_away(const DigestTable *table)
+{
+    return (1u << table->distbits) - 1;
+}
+
 static inline uint32_t
 tag_of(const DigestTable *table, uint64_t h)
 {
-    return (uint32_t)h >> table->idbits;
+    unsigned shift = table->idbits + table->distbits;
+    return shift >= 32 ? 0 : (uint32_t)h >> shift;
+}
+
+static inline uint32_t
+tag_in(const DigestTable *table, uint32_t value)
+{
+    unsigned shift = table->idbits + table->distbits;
+    return shift >= 32 ? 0 : value >> shift;
 }
 
 static inline size_t
@@ -69,10 +91,39 @@ next_slot(const DigestTable *table, size_t index)
     return index + 1 == table->cap ? 0 : index + 1;
 }
 
-static inline uint32_t
-slot_value(const DigestTable *table, uint64_t h, int32_t block)
+/* How many slots ``index`` lies past ``home``, cyclically. */
+static inline size_t
+distance(const DigestTable *table, size_t home, size_t index)
 {
-    return (tag_of(table, h) << table->idbits) | (uint32_t)(block + 1);
+    return index >= home ? index - home : index + table->cap - home;
+}
+
+/* A slot's value: the tag of ``h``, the distance (capped at far_away), the block. */
+static inline uint32_t
+slot_value(const DigestTable *table, uint64_t h, size_t dist, int32_t block)
+{
+    uint32_t far = far_away(table);
+    uint32_t stored = dist < far ? (uint32_t)dist : far;
+    uint32_t tagged = table->idbits + table->distbits >= 32
+                          ? 0
+                          : tag_of(table, h) << (table->idbits + table->distbits);
+    return tagged | (stored << table->idbits) | (uint32_t)(block + 1);
+}
+
+/* The same entry at another distance from its home. */
+static inline uint32_t
+with_distance(const DigestTable *table, uint32_t value, size_t dist)
+{
+    uint32_t far = far_away(table);
+    uint32_t stored = dist < far ? (uint32_t)dist : far;
+    uint32_t field = far << table->idbits;
+    return (value & ~field) | (stored << table->idbits);
+}
+
+static inline uint32_t
+distance_in(const DigestTable *table, uint32_t value)
+{
+    return (value >> table->idbits) & far_away(table);
 }
 
 static inline int32_t
@@ -97,6 +148,8 @@ dt_init(DigestTable *table, size_t num_blocks, size_t width, size_t num_groups,
         bits++;
     }
     table->idbits = bits;
+    unsigned spare = bits + MIN_TAG_BITS < 32 ? 32 - MIN_TAG_BITS - bits : 0;
+    table->distbits = spare < DIST_BITS ? spare : DIST_BITS;
     table->digests = zalloc(num_blocks, width);
     table->carried = zalloc((num_blocks + 7) / 8, 1);
     table->slots = zalloc(table->cap, sizeof(uint32_t));
@@ -105,6 +158,7 @@ dt_init(DigestTable *table, size_t num_blocks, size_t width, size_t num_groups,
         dt_free(table);
         return -1;
     }
+    table->prefetch = dt_nbytes(table) >= DT_PREFETCH_FROM;
     return 0;
 }
 
@@ -165,7 +219,7 @@ find_slot(const DigestTable *table, const unsigned char *groups, unsigned group,
         if (value == 0) {
             return table->cap;
         }
-        if ((value >> table->idbits) != tag) {
+        if (tag_in(table, value) != tag) {
             continue;
         }
         int32_t block = block_in(table, value);
@@ -188,11 +242,12 @@ dt_insert(DigestTable *table, const unsigned char *groups, int32_t block)
 {
     unsigned group = groups[block];
     uint64_t h = mix(table, group, dt_digest(table, block));
-    size_t index = home_of(table, h);
+    size_t home = home_of(table, h);
+    size_t index = home;
     while (table->slots[index] != 0) {
         index = next_slot(table, index);
     }
-    table->slots[index] = slot_value(table, h, block);
+    table->slots[index] = slot_value(table, h, distance(table, home, index), block);
     table->entries[group]++;
 }
 
@@ -203,9 +258,10 @@ dt_find_or_insert(DigestTable *table, const unsigned char *groups, int32_t block
     const unsigned char *key = dt_digest(table, block);
     uint64_t h = mix(table, group, key);
     uint32_t tag = tag_of(table, h);
-    size_t index = home_of(table, h);
+    size_t home = home_of(table, h);
+    size_t index = home;
     for (uint32_t value; (value = table->slots[index]) != 0; index = next_slot(table, index)) {
-        if ((value >> table->idbits) != tag) {
+        if (tag_in(table, value) != tag) {
             continue;
         }
         int32_t other = block_in(table, value);
@@ -213,7 +269,7 @@ dt_find_or_insert(DigestTable *table, const unsigned char *groups, int32_t block
             return other;
         }
     }
-    table->slots[index] = slot_value(table, h, block);
+    table->slots[index] = slot_value(table, h, distance(table, home, index), block);
     table->entries[group]++;
     return -1;
 }
@@ -227,7 +283,8 @@ dt_repoint(DigestTable *table, const unsigned char *groups, unsigned group,
     if (index == table->cap) {
         return -1;
     }
-    table->slots[index] = slot_value(table, h, block);
+    uint32_t old = table->slots[index];
+    table->slots[index] = (old & ~((1u << table->idbits) - 1)) | (uint32_t)(block + 1);
     return 0;
 }
 
@@ -236,6 +293,56 @@ static inline int
 stays(size_t hole, size_t index, size_t home)
 {
     return hole <= index ? (hole < home && home <= index) : (hole < home || home <= index);
+}
+
+void
+dt_prefetch_digest(const DigestTable *table, int32_t block)
+{
+    __builtin_prefetch(dt_digest(table, block));
+}
+
+void
+dt_prefetch_home(const DigestTable *table, const unsigned char *groups, int32_t block)
+{
+    dt_prefetch_key(table, groups[block], dt_digest(table, block));
+}
+
+void
+dt_prefetch_key(const DigestTable *table, unsigned group, const unsigned char *key)
+{
+    __builtin_prefetch(&table->slots[home_of(table, mix(table, group, key))]);
+}
+
+void
+dt_prefetch_entry(const DigestTable *table, unsigned group, const unsigned char *key)
+{
+    uint64_t h = mix(table, group, key);
+    uint32_t tag = tag_of(table, h);
+    size_t index = home_of(table, h);
+    for (int probes = 0; probes < 4; probes++, index = next_slot(table, index)) {
+        uint32_t value = table->slots[index];
+        if (value == 0) {
+            return;
+        }
+        if (tag_in(table, value) == tag) {
+            __builtin_prefetch(dt_digest(table, block_in(table, value)));
+            return;
+        }
+    }
+}
+
+/* The home slot of the entry at ``index``: from its distance, or, when that
+ * was too far to keep, from its digest. */
+static inline size_t
+home_at(const DigestTable *table, const unsigned char *groups, size_t index)
+{
+    uint32_t value = table->slots[index];
+    uint32_t dist = distance_in(table, value);
+    if (dist != far_away(table)) {
+        return index >= dist ? index - dist : index + table->cap - dist;
+    }
+    int32_t block = block_in(table, value);
+    return home_of(table, mix(table, groups[block], dt_digest(table, block)));
 }
 
 /* Empty slot ``hole`` (an entry of ``group``) and close the gap. */
@@ -247,10 +354,10 @@ remove_at(DigestTable *table, const unsigned char *groups, unsigned group, size_
     /* Shift back every later entry of the run that may sit in the hole. */
     for (size_t index = next_slot(table, hole); table->slots[index] != 0;
          index = next_slot(table, index)) {
-        int32_t block = block_in(table, table->slots[index]);
-        size_t home = home_of(table, mix(table, groups[block], dt_digest(table, block)));
+        size_t home = home_at(table, groups, index);
         if (!stays(hole, index, home)) {
-            table->slots[hole] = table->slots[index];
+            table->slots[hole] = with_distance(table, table->slots[index],
+                                               distance(table, home, hole));
             table->slots[index] = 0;
             hole = index;
         }

@@ -514,6 +514,19 @@ evict_digest(Core *self, int32_t block, PyObject *uncache, PyObject *removed,
     return 0;
 }
 
+/* How many blocks ahead the loops over the digest map start loading what a
+ * block's step reads (a second stage, half as far ahead, what that leads to):
+ * in a large pool every block's digest and slot is a cache miss, and loading
+ * several at once overlaps them. */
+#define LOAD_AHEAD 8
+
+/* The block id at ``index`` of a list the pool made (its items are ints in range). */
+static inline int32_t
+list_block(PyObject *blocks, Py_ssize_t index)
+{
+    return (int32_t)PyLong_AsLong(PyList_GET_ITEM(blocks, index));
+}
+
 static int
 evict_taken_digests(Core *self, PyObject *blocks, PyObject *uncache, PyObject *removed)
 {
@@ -524,8 +537,22 @@ evict_taken_digests(Core *self, PyObject *blocks, PyObject *uncache, PyObject *r
     if (failed) {
         PyErr_NoMemory();
     }
+    const unsigned char *groups = group_bytes(self);
     for (Py_ssize_t i = 0; i < count && !failed; i++) {
-        int32_t block = (int32_t)PyLong_AsLong(PyList_GET_ITEM(blocks, i));
+        if (self->map.prefetch) {
+            /* Each block's digest and home slot lie anywhere: start loading
+             * them a few blocks ahead, so that the misses overlap. */
+            if (i + LOAD_AHEAD < count) {
+                dt_prefetch_digest(&self->map, list_block(blocks, i + LOAD_AHEAD));
+            }
+            if (i + LOAD_AHEAD / 2 < count) {
+                int32_t soon = list_block(blocks, i + LOAD_AHEAD / 2);
+                if (dt_carries(&self->map, soon)) {
+                    dt_prefetch_home(&self->map, groups, soon);
+                }
+            }
+        }
+        int32_t block = list_block(blocks, i);
         failed = evict_digest(self, block, uncache, removed, evicted, &num_evicted, digests) < 0;
     }
     /* Journaled even after a failure, so that the rollback restores the entries. */
@@ -590,6 +617,15 @@ enter_digests(Core *self, PyObject **items, PyObject **keys, Py_ssize_t size, Py
     unsigned char *groups = (unsigned char *)PyByteArray_AS_STRING(self->groups);
     PyObject *dups = PyList_GET_ITEM(self->dups, group);
     for (Py_ssize_t i = 0; i < size; i++) {
+        if (self->map.prefetch && i + LOAD_AHEAD < size) {
+            /* The block's digest and its key's slot lie anywhere: load ahead. */
+            int32_t soon = (int32_t)PyLong_AsLong(items[i + LOAD_AHEAD]);
+            const unsigned char *key = soon ? key_digest(self, keys[i + LOAD_AHEAD]) : NULL;
+            if (key != NULL) {
+                dt_prefetch_digest(&self->map, soon);
+                dt_prefetch_key(&self->map, (unsigned)group, key);
+            }
+        }
         int32_t block = (int32_t)PyLong_AsLong(items[i]);
         if (!block) {
             continue;
@@ -613,6 +649,21 @@ enter_digests(Core *self, PyObject **items, PyObject **keys, Py_ssize_t size, Py
     return 0;
 }
 
+/* ``hint`` for hashes[at] in every group of ``groups`` (nothing past ``stop``). */
+static inline void
+prefetch_match(Core *self, PyObject **hashes, Py_ssize_t at, Py_ssize_t stop,
+               const Py_ssize_t *groups, Py_ssize_t width,
+               void (*hint)(const DigestTable *, unsigned, const unsigned char *))
+{
+    if (at >= stop) {
+        return;
+    }
+    const unsigned char *key = key_digest(self, hashes[at]);
+    for (Py_ssize_t g = 0; key != NULL && g < width; g++) {
+        hint(&self->map, (unsigned)groups[g], key);
+    }
+}
+
 /* The run of hashes[start:stop] found in every group of ``groups``, one list a group. */
 static PyObject *
 match_digests(Core *self, PyObject **hashes, Py_ssize_t start, Py_ssize_t stop,
@@ -630,6 +681,12 @@ match_digests(Core *self, PyObject **hashes, Py_ssize_t start, Py_ssize_t stop,
     const unsigned char *group_of_block = group_bytes(self);
     int32_t found[256];
     for (Py_ssize_t i = start; out != NULL && i < stop; i++) {
+        if (self->map.prefetch) {
+            /* Load ahead: the slots of a later key, then the digest they name. */
+            prefetch_match(self, hashes, i + LOAD_AHEAD, stop, groups, width, dt_prefetch_key);
+            prefetch_match(self, hashes, i + LOAD_AHEAD / 2, stop, groups, width,
+                           dt_prefetch_entry);
+        }
         const unsigned char *digest = key_digest(self, hashes[i]);
         Py_ssize_t g = 0;
         for (; digest != NULL && g < width; g++) {

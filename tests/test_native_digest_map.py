@@ -188,3 +188,82 @@ def test_the_table_answers_as_a_dict_through_insertions_and_removals(
         assert dict(pool._cached[g].items()) == model[g]
         # A key that was never inserted finds nothing.
         assert pool._cached[g].get((1000).to_bytes(8, "little")) is None
+
+
+def _home(key: bytes, group: int, capacity: int) -> int:
+    """Where the table's probe for ``key`` starts (its mix, as _digest_table.c computes it)."""
+    mask = (1 << 64) - 1
+    h = int.from_bytes(key, "little") ^ (((group + 1) * 0x9E3779B97F4A7C15) & mask)
+    h ^= h >> 30
+    h = (h * 0xBF58476D1CE4E5B9) & mask
+    h ^= h >> 27
+    h = (h * 0x94D049BB133111EB) & mask
+    h ^= h >> 31
+    return (h * capacity) >> 64
+
+
+def test_a_run_longer_than_a_slot_can_count_still_shifts_back_correctly() -> None:
+    """Forty keys with one home slot: entries sit up to 39 slots past it.
+
+    A slot keeps its entry's distance from home in 5 bits; the entries
+    further away than that are found from their digests instead. Removing
+    keys from the front, the middle and the back of the run must leave every
+    other key found, and a key inserted again must be found too.
+    """
+    pool = native_pool(64, digest_size=8, num_groups=1)
+    capacity = 64 + 64 // 2 + 16  # the table's slots for 64 blocks
+    same_home = [
+        key
+        for value in range(200_000)
+        if _home(key := value.to_bytes(8, "little"), 0, capacity) == 5
+    ][:40]
+    assert len(same_home) == 40
+    model: dict[bytes, int] = {}
+    for block, key in enumerate(same_home, start=1):
+        pool._cached[0][key] = block
+        model[key] = block
+    for gone in (same_home[0], same_home[20], same_home[39], same_home[33], same_home[1]):
+        del pool._cached[0][gone]
+        pool._hash[model.pop(gone)] = None
+        assert dict(pool._cached[0].items()) == model
+        assert pool._cached[0].get(gone) is None
+    pool._cached[0][same_home[20]] = 21
+    model[same_home[20]] = 21
+    assert dict(pool._cached[0].items()) == model
+    assert all(pool._cached[0].get(key) == block for key, block in model.items())
+
+
+@pytest.mark.parametrize(("algorithm", "num_blocks"), [("sha256", 70_000), ("fast", 160_000)])
+def test_a_map_too_large_for_the_cache_answers_as_the_python_pool(
+    algorithm: str, num_blocks: int
+) -> None:
+    """A map of over 2 MiB, whose loops load ahead: the same answers as the Python pool.
+
+    The same requests through both backends (a prompt admitted and freed,
+    one that evicts most of it, the first looked up again, every block
+    cached and evicted along the way) give the same hits and block ids.
+    """
+    require_native()
+    config = kvcore.KVCacheConfig.from_specs(num_blocks, [full(block_size=4)])
+    first, second = num_blocks * 3 // 7, num_blocks * 5 // 7  # in blocks
+
+    def run(backend: str) -> list[object]:
+        manager = kvcore.KVCacheManager(
+            config, 4 * num_blocks, registry=REGISTRY, hash_algorithm=algorithm, backend=backend
+        )
+        seen: list[object] = []
+        for name, start, length in (("a", 0, first), ("b", 10**7, second), ("a2", 0, first)):
+            request = kvcore.Request(name, list(range(start, start + 4 * length)))
+            hit, num_hit = manager.get_computed_blocks(request)
+            blocks = manager.allocate_slots(request, 4 * length - num_hit, num_hit, hit)
+            assert blocks is not None
+            seen.append((num_hit, [list(group) for group in blocks.blocks]))
+            manager.free(request)
+        return seen
+
+    native, python = run("native"), run("python")
+    assert native == python
+    # "b" takes the never-used blocks (all but "a"'s and the null block), then
+    # the rest from "a"'s, its last blocks first (they were freed first).
+    never_used = num_blocks - 1 - first
+    assert native[2][0] == 4 * (first - (second - never_used))
