@@ -876,8 +876,10 @@ class BlockPool:
         if self._journal is not None:
             old_groups = list(self._groups_of(new_blocks)) if several_groups else None
             self._journal.append((self._uncache_new, (new_blocks, old_groups, kv_cache_group_id)))
-        self._num_stored += len(new_blocks) - new_blocks.count(NULL_BLOCK)
-        self._enter(new_blocks, new_hashes, kv_cache_group_id, several_groups)
+        stored = self._enter(new_blocks, new_hashes, kv_cache_group_id, several_groups)
+        self._num_stored += stored
+        if self._journal is not None:
+            self._journal.append((self._unstore, (stored,)))
         self._queue.cached(
             kv_cache_group_id,
             blocks,
@@ -897,18 +899,21 @@ class BlockPool:
         block_hashes: Sequence[Hashable],
         group: int,
         several_groups: bool,
-    ) -> None:
+    ) -> int:
         """Cache each non-null block of ``blocks`` under its hash in ``group`` (not undone here).
 
         A hash already cached in the group keeps its block; the new one waits
         among the duplicates. ``several_groups``: record the group per block.
+        Returns how many blocks were cached (the non-null ones).
         """
         hash_of = self._hash
         cache_first = self._cached[group].setdefault
         dups = self._dups[group]
+        stored = 0
         for block, block_hash in zip(blocks, block_hashes, strict=True):
             if block:
                 hash_of[block] = block_hash
+                stored += 1
                 if cache_first(block_hash, block) != block:
                     dups.setdefault(block_hash, []).append(block)
         if several_groups:
@@ -916,6 +921,7 @@ class BlockPool:
             for block in blocks:
                 if block:
                     group_of[block] = group
+        return stored
 
     def _hashes_of(self, request: Request, block_size: int, num_blocks: int) -> Sequence[Hashable]:
         """The request's hashes viewed at ``block_size``; they must cover ``num_blocks`` blocks."""
@@ -954,11 +960,13 @@ class BlockPool:
             )
         )
 
+    def _unstore(self, count: int) -> None:
+        self._num_stored -= count
+
     def _uncache_new(self, blocks: list[int], old_groups: list[int] | None, group: int) -> None:
         """Undo of :meth:`_cache_full_blocks`, newest block first."""
         # A block is the primary entry of its hash unless it was added after
         # one, and then it is the last of the duplicates.
-        self._num_stored -= len(blocks) - blocks.count(NULL_BLOCK)
         cached = self._cached[group]
         dups = self._dups[group]
         for index in range(len(blocks) - 1, -1, -1):

@@ -7,28 +7,13 @@ static inline uint64_t
 load64(const unsigned char *bytes, size_t width)
 {
     uint64_t word = 0;
-    memcpy(&word, bytes, width < 8 ? width : 8);
-    return word;
-}
-
-/* Whether two digests of the table's width are equal (the common widths
- * without a call to memcmp). */
-static inline int
-same_digest(const DigestTable *table, const unsigned char *a, const unsigned char *b)
-{
-    uint64_t x[4], y[4];
-    switch (table->width) {
-    case 32:
-        memcpy(x, a, 32);
-        memcpy(y, b, 32);
-        return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
-    case 16:
-        memcpy(x, a, 16);
-        memcpy(y, b, 16);
-        return ((x[0] ^ y[0]) | (x[1] ^ y[1])) == 0;
-    default:
-        return memcmp(a, b, table->width) == 0;
+    if (width >= 8) {
+        memcpy(&word, bytes, 8); /* a fixed size: inlined, not a call */
     }
+    else {
+        memcpy(&word, bytes, width);
+    }
+    return word;
 }
 
 /* A well-spread 64-bit mix of (group, key); digests are near-random, but a
@@ -205,7 +190,7 @@ dt_drop(DigestTable *table, int32_t block)
 void
 dt_store(DigestTable *table, int32_t block, const unsigned char *key)
 {
-    memcpy(table->digests + (size_t)block * table->width, key, table->width);
+    dt_copy(table, table->digests + (size_t)block * table->width, key);
 }
 
 /* The slot holding the entry of (group, key), or cap when there is none. */
@@ -223,7 +208,7 @@ find_slot(const DigestTable *table, const unsigned char *groups, unsigned group,
             continue;
         }
         int32_t block = block_in(table, value);
-        if (groups[block] == group && same_digest(table, dt_digest(table, block), key)) {
+        if (groups[block] == group && dt_same(table, dt_digest(table, block), key)) {
             return index;
         }
     }
@@ -265,7 +250,7 @@ dt_find_or_insert(DigestTable *table, const unsigned char *groups, int32_t block
             continue;
         }
         int32_t other = block_in(table, value);
-        if (groups[other] == group && same_digest(table, dt_digest(table, other), key)) {
+        if (groups[other] == group && dt_same(table, dt_digest(table, other), key)) {
             return other;
         }
     }
@@ -381,13 +366,20 @@ int
 dt_remove_block(DigestTable *table, const unsigned char *groups, int32_t block)
 {
     unsigned group = groups[block];
-    const unsigned char *key = dt_digest(table, block);
-    size_t hole = find_slot(table, groups, group, key, mix(table, group, key));
-    if (hole == table->cap || block_in(table, table->slots[hole]) != block) {
-        return 0;
+    uint64_t h = mix(table, group, dt_digest(table, block));
+    /* The block's entry, if it is one, lies in the run from its key's home:
+     * found by its id, so no digest is compared. Another block's entry for
+     * the same key (one with copies) is left alone. */
+    for (size_t index = home_of(table, h);; index = next_slot(table, index)) {
+        uint32_t value = table->slots[index];
+        if (value == 0) {
+            return 0;
+        }
+        if (block_in(table, value) == block) {
+            remove_at(table, groups, group, index);
+            return 1;
+        }
     }
-    remove_at(table, groups, group, hole);
-    return 1;
 }
 
 void

@@ -24,6 +24,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef void *(*dt_calloc_fn)(size_t count, size_t size);
 typedef void (*dt_free_fn)(void *memory);
@@ -64,6 +65,50 @@ static inline const unsigned char *
 dt_digest(const DigestTable *table, int32_t block)
 {
     return table->digests + (size_t)block * table->width;
+}
+
+/* Copy one digest of the table's width (the common widths with a fixed
+ * size, which the compiler inlines instead of calling memcpy). */
+static inline void
+dt_copy(const DigestTable *table, unsigned char *to, const unsigned char *from)
+{
+    switch (table->width) {
+    case 32:
+        memcpy(to, from, 32);
+        break;
+    case 16:
+        memcpy(to, from, 16);
+        break;
+    case 8:
+        memcpy(to, from, 8);
+        break;
+    default:
+        memcpy(to, from, table->width);
+    }
+}
+
+/* Whether two digests of the table's width are equal (the common widths
+ * compared without a call to memcmp). */
+static inline int
+dt_same(const DigestTable *table, const unsigned char *a, const unsigned char *b)
+{
+    uint64_t x[4], y[4];
+    switch (table->width) {
+    case 32:
+        memcpy(x, a, 32);
+        memcpy(y, b, 32);
+        return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
+    case 16:
+        memcpy(x, a, 16);
+        memcpy(y, b, 16);
+        return ((x[0] ^ y[0]) | (x[1] ^ y[1])) == 0;
+    case 8:
+        memcpy(x, a, 8);
+        memcpy(y, b, 8);
+        return x[0] == y[0];
+    default:
+        return memcmp(a, b, table->width) == 0;
+    }
 }
 
 /* Give ``block`` the digest ``key`` (NULL: keep the stored one) and set its bit. */

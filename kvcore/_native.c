@@ -93,11 +93,37 @@ q_sentinel(Core *self)
 
 /* -- helpers ---------------------------------------------------------------- */
 
+/* The value of int ``item``: read in place when it is an exact int of one
+ * machine word's worth (every block id), else PyLong_AsSsize_t (-1 with an
+ * exception set for what is no int or does not fit). The per-block loops read
+ * thousands of ids a call, and the call and checks of PyLong_AsSsize_t were a
+ * fifth of a long hit's admission. */
+static inline Py_ssize_t
+int_value(PyObject *item)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyLong_CheckExact(item) && PyUnstable_Long_IsCompact((PyLongObject *)item)) {
+        return (Py_ssize_t)PyUnstable_Long_CompactValue((PyLongObject *)item);
+    }
+#else
+    if (PyLong_CheckExact(item)) {
+        Py_ssize_t size = Py_SIZE(item);
+        if (size == 0) {
+            return 0;
+        }
+        if (size == 1) {
+            return (Py_ssize_t)((PyLongObject *)item)->ob_digit[0];
+        }
+    }
+#endif
+    return PyLong_AsSsize_t(item);
+}
+
 /* The block id at ``item`` (a Python int), or -1 with an exception set. */
 static inline int32_t
 block_of(Core *self, PyObject *item)
 {
-    Py_ssize_t block = PyLong_AsSsize_t(item);
+    Py_ssize_t block = int_value(item);
     if (block == -1 && PyErr_Occurred()) {
         return -1;
     }
@@ -475,7 +501,8 @@ check_keyed(Core *self)
 }
 
 /* Evict one just-taken block: drop its entry, or leave the rare cases to ``uncache``.
- * An evicted block is appended to ``evicted`` (block ids) and its digest to ``digests``. */
+ * An evicted block is counted in ``num_evicted`` and, unless ``digests`` is
+ * NULL, appended to ``evicted`` (block ids) and its digest to ``digests``. */
 static int
 evict_digest(Core *self, int32_t block, PyObject *uncache, PyObject *removed,
              int32_t *evicted, Py_ssize_t *num_evicted, unsigned char *digests)
@@ -502,8 +529,11 @@ evict_digest(Core *self, int32_t block, PyObject *uncache, PyObject *removed,
         Py_XDECREF(result);
         return result == NULL ? -1 : 0;
     }
-    memcpy(digests + (size_t)*num_evicted * self->map.width, digest, self->map.width);
-    evicted[(*num_evicted)++] = block;
+    if (digests != NULL) {
+        dt_copy(&self->map, digests + (size_t)*num_evicted * self->map.width, digest);
+        evicted[*num_evicted] = block;
+    }
+    (*num_evicted)++;
     dt_drop(&self->map, block);
     if (removed != Py_None) {
         PyObject *result = PyObject_CallFunction(removed, "Ni", digest_object(self, block),
@@ -524,20 +554,36 @@ evict_digest(Core *self, int32_t block, PyObject *uncache, PyObject *removed,
 static inline int32_t
 list_block(PyObject *blocks, Py_ssize_t index)
 {
-    return (int32_t)PyLong_AsLong(PyList_GET_ITEM(blocks, index));
+    return (int32_t)int_value(PyList_GET_ITEM(blocks, index));
 }
 
+/* A bytes object of ``size`` bytes to fill (size 0: one byte, shrunk later). */
+static PyObject *
+bytes_to_fill(Py_ssize_t size)
+{
+    return PyBytes_FromStringAndSize(NULL, size ? size : 1);
+}
+
+/* Evict the just-taken ``blocks``; inside a transaction, journal the entries
+ * dropped (ids and digests, written straight into the undo step's bytes). */
 static int
 evict_taken_digests(Core *self, PyObject *blocks, PyObject *uncache, PyObject *removed)
 {
     Py_ssize_t count = PyList_GET_SIZE(blocks), num_evicted = 0;
-    int32_t *evicted = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(int32_t));
-    unsigned char *digests = PyMem_Malloc((size_t)(count ? count : 1) * self->map.width);
-    int failed = evicted == NULL || digests == NULL;
-    if (failed) {
-        PyErr_NoMemory();
+    Py_ssize_t width = (Py_ssize_t)self->map.width;
+    PyObject *ids = NULL, *digests = NULL;
+    if (journaling(self)) {
+        ids = bytes_to_fill(count * (Py_ssize_t)sizeof(int32_t));
+        digests = ids == NULL ? NULL : bytes_to_fill(count * width);
+        if (digests == NULL) {
+            Py_XDECREF(ids);
+            return -1;
+        }
     }
+    int32_t *evicted = ids == NULL ? NULL : (int32_t *)PyBytes_AS_STRING(ids);
+    unsigned char *copies = digests == NULL ? NULL : (unsigned char *)PyBytes_AS_STRING(digests);
     const unsigned char *groups = group_bytes(self);
+    int failed = 0;
     for (Py_ssize_t i = 0; i < count && !failed; i++) {
         if (self->map.prefetch) {
             /* Each block's digest and home slot lie anywhere: start loading
@@ -553,24 +599,29 @@ evict_taken_digests(Core *self, PyObject *blocks, PyObject *uncache, PyObject *r
             }
         }
         int32_t block = list_block(blocks, i);
-        failed = evict_digest(self, block, uncache, removed, evicted, &num_evicted, digests) < 0;
+        failed = evict_digest(self, block, uncache, removed, evicted, &num_evicted, copies) < 0;
+    }
+    if (ids == NULL || !num_evicted) {
+        Py_XDECREF(ids);
+        Py_XDECREF(digests);
+        return failed ? -1 : 0;
     }
     /* Journaled even after a failure, so that the rollback restores the entries. */
-    if (num_evicted && journaling(self)) {
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        PyObject *args = Py_BuildValue(
-            "(y#y#)", (const char *)evicted, num_evicted * (Py_ssize_t)sizeof(int32_t),
-            (const char *)digests, num_evicted * (Py_ssize_t)self->map.width);
-        if (journal_append(self, "_undo_evict_digests", args) < 0) {
-            failed = 1;
-        }
-        if (type != NULL) {
-            PyErr_Restore(type, value, traceback);
-        }
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *args = NULL;
+    if (_PyBytes_Resize(&ids, num_evicted * (Py_ssize_t)sizeof(int32_t)) == 0 &&
+        _PyBytes_Resize(&digests, num_evicted * width) == 0) {
+        args = PyTuple_Pack(2, ids, digests);
     }
-    PyMem_Free(evicted);
-    PyMem_Free(digests);
+    Py_XDECREF(ids);
+    Py_XDECREF(digests);
+    if (args == NULL || journal_append(self, "_undo_evict_digests", args) < 0) {
+        failed = 1;
+    }
+    if (type != NULL) {
+        PyErr_Restore(type, value, traceback);
+    }
     return failed ? -1 : 0;
 }
 
@@ -602,7 +653,7 @@ Core_undo_evict_digests(Core *self, PyObject *args)
  * the new one joins the duplicates. */
 static int
 enter_digests(Core *self, PyObject **items, PyObject **keys, Py_ssize_t size, Py_ssize_t group,
-              int several_groups)
+              int several_groups, Py_ssize_t *entered)
 {
     for (Py_ssize_t i = 0; i < size; i++) {
         int32_t block = block_of(self, items[i]);
@@ -619,14 +670,14 @@ enter_digests(Core *self, PyObject **items, PyObject **keys, Py_ssize_t size, Py
     for (Py_ssize_t i = 0; i < size; i++) {
         if (self->map.prefetch && i + LOAD_AHEAD < size) {
             /* The block's digest and its key's slot lie anywhere: load ahead. */
-            int32_t soon = (int32_t)PyLong_AsLong(items[i + LOAD_AHEAD]);
+            int32_t soon = (int32_t)int_value(items[i + LOAD_AHEAD]);
             const unsigned char *key = soon ? key_digest(self, keys[i + LOAD_AHEAD]) : NULL;
             if (key != NULL) {
                 dt_prefetch_digest(&self->map, soon);
                 dt_prefetch_key(&self->map, (unsigned)group, key);
             }
         }
-        int32_t block = (int32_t)PyLong_AsLong(items[i]);
+        int32_t block = (int32_t)int_value(items[i]);
         if (!block) {
             continue;
         }
@@ -636,6 +687,7 @@ enter_digests(Core *self, PyObject **items, PyObject **keys, Py_ssize_t size, Py
             groups[block] = (unsigned char)group;
         }
         dt_carry(&self->map, block, digest);
+        (*entered)++;
         if (dt_find_or_insert(&self->map, groups, block) < 0) {
             continue;
         }
@@ -664,23 +716,30 @@ prefetch_match(Core *self, PyObject **hashes, Py_ssize_t at, Py_ssize_t stop,
     }
 }
 
-/* The run of hashes[start:stop] found in every group of ``groups``, one list a group. */
+/* A list of the ``count`` block ids at ``ids``, ``stride`` apart. */
 static PyObject *
-match_digests(Core *self, PyObject **hashes, Py_ssize_t start, Py_ssize_t stop,
-              const Py_ssize_t *groups, Py_ssize_t width)
+id_list(const int32_t *ids, Py_ssize_t count, Py_ssize_t stride)
 {
-    PyObject *out = PyTuple_New(width);
-    for (Py_ssize_t g = 0; out != NULL && g < width; g++) {
-        PyObject *hits = PyList_New(0);
-        if (hits == NULL) {
-            Py_CLEAR(out);
+    PyObject *list = PyList_New(count);
+    for (Py_ssize_t i = 0; list != NULL && i < count; i++) {
+        PyObject *block = PyLong_FromLong(ids[i * stride]);
+        if (block == NULL) {
+            Py_CLEAR(list);
             break;
         }
-        PyTuple_SET_ITEM(out, g, hits);
+        PyList_SET_ITEM(list, i, block);
     }
+    return list;
+}
+
+/* How many of hashes[start:stop] (from start on) are found in every group of
+ * ``groups``; their blocks go to ``found``, ``width`` a hash. */
+static Py_ssize_t
+run_of_digests(Core *self, PyObject **hashes, Py_ssize_t start, Py_ssize_t stop,
+               const Py_ssize_t *groups, Py_ssize_t width, int32_t *found)
+{
     const unsigned char *group_of_block = group_bytes(self);
-    int32_t found[256];
-    for (Py_ssize_t i = start; out != NULL && i < stop; i++) {
+    for (Py_ssize_t i = start; i < stop; i++) {
         if (self->map.prefetch) {
             /* Load ahead: the slots of a later key, then the digest they name. */
             prefetch_match(self, hashes, i + LOAD_AHEAD, stop, groups, width, dt_prefetch_key);
@@ -688,26 +747,41 @@ match_digests(Core *self, PyObject **hashes, Py_ssize_t start, Py_ssize_t stop,
                            dt_prefetch_entry);
         }
         const unsigned char *digest = key_digest(self, hashes[i]);
-        Py_ssize_t g = 0;
-        for (; digest != NULL && g < width; g++) {
-            found[g] = dt_find(&self->map, group_of_block, (unsigned)groups[g], digest);
-            if (found[g] < 0) {
-                break;
-            }
+        if (digest == NULL) {
+            return i - start;
         }
-        if (digest == NULL || g < width) {
-            break;
-        }
-        for (g = 0; g < width; g++) {
-            PyObject *block = PyLong_FromLong(found[g]);
-            if (block == NULL || PyList_Append(PyTuple_GET_ITEM(out, g), block) < 0) {
-                Py_XDECREF(block);
-                Py_CLEAR(out);
-                break;
+        int32_t *row = found + (i - start) * width;
+        for (Py_ssize_t g = 0; g < width; g++) {
+            row[g] = dt_find(&self->map, group_of_block, (unsigned)groups[g], digest);
+            if (row[g] < 0) {
+                return i - start;
             }
-            Py_DECREF(block);
         }
     }
+    return stop - start;
+}
+
+/* The run of hashes[start:stop] found in every group of ``groups``, one list a group. */
+static PyObject *
+match_digests(Core *self, PyObject **hashes, Py_ssize_t start, Py_ssize_t stop,
+              const Py_ssize_t *groups, Py_ssize_t width)
+{
+    size_t cells = (size_t)(stop - start) * (size_t)width;
+    int32_t *found = PyMem_Malloc((cells ? cells : 1) * sizeof(int32_t));
+    if (found == NULL) {
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t run = run_of_digests(self, hashes, start, stop, groups, width, found);
+    PyObject *out = PyTuple_New(width);
+    for (Py_ssize_t g = 0; out != NULL && g < width; g++) {
+        PyObject *hits = id_list(found + g, run, width);
+        if (hits == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, g, hits);
+    }
+    PyMem_Free(found);
     return out;
 }
 
@@ -1262,7 +1336,7 @@ evict_taken(Core *self, PyObject *blocks, PyObject *uncache, PyObject *removed)
     }
     int failed = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks) && !failed; i++) {
-        int32_t block = (int32_t)PyLong_AsSsize_t(PyList_GET_ITEM(blocks, i));
+        int32_t block = (int32_t)int_value(PyList_GET_ITEM(blocks, i));
         failed = evict_one(self, block, uncache, removed, evicted, evicted_hashes) < 0;
     }
     /* Journaled even after a failure, so that the rollback restores the hashes. */
@@ -1312,7 +1386,7 @@ Core_take_blocks(Core *self, PyObject *args)
         return NULL;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        self->ref[PyLong_AsLong(PyList_GET_ITEM(blocks, i))] = 1;
+        self->ref[int_value(PyList_GET_ITEM(blocks, i))] = 1;
     }
     self->num_free -= count;
     if (evict && (self->keyed ? evict_taken_digests(self, blocks, uncache, removed)
@@ -1336,7 +1410,7 @@ Core_undo_take_blocks(Core *self, PyObject *blocks)
         return NULL;
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks); i++) {
-        self->ref[PyLong_AsLong(PyList_GET_ITEM(blocks, i))] = 0;
+        self->ref[int_value(PyList_GET_ITEM(blocks, i))] = 0;
     }
     self->num_free += PyList_GET_SIZE(blocks);
     Py_RETURN_NONE;
@@ -1373,7 +1447,7 @@ static void
 shift_counts(Core *self, PyObject **items, Py_ssize_t count, int32_t delta)
 {
     for (Py_ssize_t i = 0; i < count; i++) {
-        long block = PyLong_AsLong(items[i]);
+        long block = (long)int_value(items[i]);
         if (block > 0 && block < self->n) {
             self->ref[block] += delta;
         }
@@ -1476,12 +1550,13 @@ Core_undo_release_blocks(Core *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* Take a count on each non-null block of items; collect those that were free
- * in ``revived`` and, with ``links`` (a core keeping the queue), unlink them,
- * recording their neighbours there. How many were free, or -1 with an
- * exception and nothing changed. */
+/* Take a count on each non-null block of items; note the positions of those
+ * that were free in ``positions`` (room for every item) and, with ``links``
+ * (a core keeping the queue), unlink them, recording their neighbours there.
+ * How many were free, or -1 with an exception and nothing changed. */
 static Py_ssize_t
-take_counts(Core *self, PyObject **items, Py_ssize_t size, int32_t *links, PyObject *revived)
+take_counts(Core *self, PyObject **items, Py_ssize_t size, int32_t *links,
+            Py_ssize_t *positions)
 {
     Py_ssize_t freed = 0;
     for (Py_ssize_t i = 0; i < size; i++) {
@@ -1492,14 +1567,11 @@ take_counts(Core *self, PyObject **items, Py_ssize_t size, int32_t *links, PyObj
                 PyErr_Format(PyExc_RuntimeError, "free block %d is not queued", block);
                 bad = 1;
             }
-            else if (PyList_Append(revived, items[i]) < 0) {
-                bad = 1;
-            }
-            else if (links != NULL) {
-                unlink_recorded(self, block, links + 3 * freed++);
-            }
             else {
-                freed++;
+                if (links != NULL) {
+                    unlink_recorded(self, block, links + 3 * freed);
+                }
+                positions[freed++] = i;
             }
         }
         if (bad) {
@@ -1516,6 +1588,19 @@ take_counts(Core *self, PyObject **items, Py_ssize_t size, int32_t *links, PyObj
     return freed;
 }
 
+/* A new list of items[positions[0]], items[positions[1]], ... (``count`` of them). */
+static PyObject *
+items_at(PyObject **items, const Py_ssize_t *positions, Py_ssize_t count)
+{
+    PyObject *list = PyList_New(count);
+    for (Py_ssize_t k = 0; list != NULL && k < count; k++) {
+        PyObject *item = items[positions[k]];
+        Py_INCREF(item);
+        PyList_SET_ITEM(list, k, item);
+    }
+    return list;
+}
+
 static PyObject *
 Core_touch_blocks(Core *self, PyObject *blocks)
 {
@@ -1529,20 +1614,27 @@ Core_touch_blocks(Core *self, PyObject *blocks)
     Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
     PyObject **items = PySequence_Fast_ITEMS(fast);
     int32_t *links = PyMem_Malloc((size_t)(size ? size : 1) * 3 * sizeof(int32_t));
-    PyObject *revived = PyList_New(0);
+    Py_ssize_t *positions = PyMem_Malloc((size_t)(size ? size : 1) * sizeof(Py_ssize_t));
     Py_ssize_t unlinked = -1;
-    if (links == NULL || revived == NULL) {
+    if (links == NULL || positions == NULL) {
         PyErr_NoMemory();
     }
     else {
-        unlinked = take_counts(self, items, size, links, revived);
+        unlinked = take_counts(self, items, size, links, positions);
     }
-    if (unlinked >= 0 && journaling(self) &&
-        journal_unlinks(self, "_undo_touch_blocks", fast, links, unlinked) < 0) {
+    PyObject *revived = unlinked < 0 ? NULL : items_at(items, positions, unlinked);
+    if (unlinked >= 0 && revived == NULL) {
+        relink(self, links, unlinked);
         shift_counts(self, items, size, -1);
         unlinked = -1;
     }
+    else if (unlinked >= 0 && journaling(self) &&
+             journal_unlinks(self, "_undo_touch_blocks", fast, links, unlinked) < 0) {
+        shift_counts(self, items, size, -1); /* (journal_unlinks relinked them) */
+        unlinked = -1;
+    }
     PyMem_Free(links);
+    PyMem_Free(positions);
     Py_DECREF(fast);
     if (unlinked < 0) {
         Py_XDECREF(revived);
@@ -1597,7 +1689,7 @@ claim_counts(Core *self, PyObject *blocks)
         }
         if (block < 0) {
             for (Py_ssize_t j = 0; j < i; j++) {
-                self->ref[PyLong_AsLong(PyList_GET_ITEM(blocks, j))] = 0;
+                self->ref[int_value(PyList_GET_ITEM(blocks, j))] = 0;
             }
             return -1;
         }
@@ -1627,7 +1719,7 @@ claim(Core *self, PyObject *blocks, int evict, PyObject *uncache, PyObject *remo
     if (journaling(self) &&
         journal_append(self, "_undo_claim_blocks", PyTuple_Pack(1, blocks)) < 0) {
         for (Py_ssize_t i = 0; i < count; i++) {
-            self->ref[PyLong_AsLong(PyList_GET_ITEM(blocks, i))] = 0;
+            self->ref[int_value(PyList_GET_ITEM(blocks, i))] = 0;
         }
         return -1;
     }
@@ -1729,14 +1821,21 @@ Core_adopt_blocks(Core *self, PyObject *blocks)
     }
     Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
     PyObject **items = PySequence_Fast_ITEMS(fast);
-    PyObject *revived = PyList_New(0);
+    Py_ssize_t *positions = PyMem_Malloc((size_t)(size ? size : 1) * sizeof(Py_ssize_t));
     /* No links: the pool's policy, not this core, takes the free ones out. */
-    Py_ssize_t freed = revived == NULL ? -1 : take_counts(self, items, size, NULL, revived);
-    if (freed >= 0 && journaling(self) &&
-        journal_append(self, "_undo_adopt_blocks", Py_BuildValue("(On)", fast, freed)) < 0) {
+    Py_ssize_t freed = positions == NULL ? -1 : take_counts(self, items, size, NULL, positions);
+    if (positions == NULL) {
+        PyErr_NoMemory();
+    }
+    PyObject *revived = freed < 0 ? NULL : items_at(items, positions, freed);
+    if (freed >= 0 &&
+        (revived == NULL ||
+         (journaling(self) && journal_append(self, "_undo_adopt_blocks",
+                                             Py_BuildValue("(On)", fast, freed)) < 0))) {
         shift_counts(self, items, size, -1);
         freed = -1;
     }
+    PyMem_Free(positions);
     Py_DECREF(fast);
     if (freed < 0) {
         Py_XDECREF(revived);
@@ -1847,7 +1946,7 @@ cacheable_block_of(Core *self, PyObject *item)
     if (!PyLong_CheckExact(item)) {
         return 0;
     }
-    Py_ssize_t block = PyLong_AsSsize_t(item);
+    Py_ssize_t block = int_value(item);
     if (block == -1 && PyErr_Occurred()) {
         PyErr_Clear(); /* past Py_ssize_t: not a block */
         return 0;
@@ -1863,37 +1962,36 @@ cacheable_block_of(Core *self, PyObject *item)
 static int
 holds_cached(Core *self, PyObject **blocks, PyObject **hashes, Py_ssize_t count, long group)
 {
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (!cacheable_block_of(self, blocks[i])) {
-            return 0;
-        }
+    /* Each id read once (three passes read them). */
+    int32_t *ids = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(int32_t));
+    if (ids == NULL) {
+        PyErr_NoMemory();
+        return -1;
     }
-    for (Py_ssize_t i = 0; self->keyed && i < count; i++) {
-        int32_t block = (int32_t)cacheable_block_of(self, blocks[i]);
+    int result = 1;
+    for (Py_ssize_t i = 0; result > 0 && i < count; i++) {
+        ids[i] = (int32_t)cacheable_block_of(self, blocks[i]);
+        result = ids[i] != 0;
+    }
+    for (Py_ssize_t i = 0; result > 0 && self->keyed && i < count; i++) {
         const unsigned char *digest = key_digest(self, hashes[i]);
-        if (digest == NULL || !dt_carries(&self->map, block) ||
-            memcmp(dt_digest(&self->map, block), digest, self->map.width) != 0) {
-            return 0;
-        }
+        result = digest != NULL && dt_carries(&self->map, ids[i]) &&
+                 dt_same(&self->map, dt_digest(&self->map, ids[i]), digest);
     }
-    for (Py_ssize_t i = 0; !self->keyed && i < count; i++) {
-        PyObject *held = PyList_GET_ITEM(self->hashes, cacheable_block_of(self, blocks[i]));
-        int same = PyObject_RichCompareBool(held, hashes[i], Py_EQ);
-        if (same < 0 && PyErr_ExceptionMatches(PyExc_TypeError)) {
+    for (Py_ssize_t i = 0; result > 0 && !self->keyed && i < count; i++) {
+        PyObject *held = PyList_GET_ITEM(self->hashes, ids[i]);
+        result = PyObject_RichCompareBool(held, hashes[i], Py_EQ);
+        if (result < 0 && PyErr_ExceptionMatches(PyExc_TypeError)) {
             PyErr_Clear();
-            return 0;
-        }
-        if (same <= 0) {
-            return same;
+            result = 0;
         }
     }
-    const char *groups = PyByteArray_AS_STRING(self->groups);
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if ((long)(unsigned char)groups[cacheable_block_of(self, blocks[i])] != group) {
-            return 0;
-        }
+    const unsigned char *groups = group_bytes(self);
+    for (Py_ssize_t i = 0; result > 0 && i < count; i++) {
+        result = (long)groups[ids[i]] == group;
     }
-    return 1;
+    PyMem_Free(ids);
+    return result;
 }
 
 static PyObject *
@@ -2130,21 +2228,23 @@ Core_enter(Core *self, PyObject *args)
     }
     PyObject **items = PySequence_Fast_ITEMS(fast_blocks);
     PyObject **keys = PySequence_Fast_ITEMS(fast_hashes);
+    Py_ssize_t entered = 0;
     if (!failed && self->keyed) {
-        failed = enter_digests(self, items, keys, size, group, several_groups) < 0;
+        failed = enter_digests(self, items, keys, size, group, several_groups, &entered) < 0;
         size = 0;
     }
     for (Py_ssize_t i = 0; i < size && !failed; i++) {
         int32_t block = block_of(self, items[i]);
         failed = block < 0 || (block && enter_one(self, items[i], block, keys[i], group,
                                                   several_groups) < 0);
+        entered += block > 0;
     }
     Py_DECREF(fast_blocks);
     Py_DECREF(fast_hashes);
     if (failed) {
         return NULL;
     }
-    Py_RETURN_NONE;
+    return PyLong_FromSsize_t(entered);
 }
 
 /* -- attributes and the buffer of reference counts ------------------------- */
@@ -2287,7 +2387,8 @@ static PyMethodDef Core_methods[] = {
     {"match_prefix", (PyCFunction)Core_match_prefix, METH_VARARGS,
      "match_prefix(hashes, start, stop, groups): the run of hits, one list a group."},
     {"enter", (PyCFunction)Core_enter, METH_VARARGS,
-     "enter(blocks, hashes, group, several_groups): cache blocks under hashes."},
+     "enter(blocks, hashes, group, several_groups): cache blocks under hashes; returns how "
+     "many were cached (the non-null ones)."},
     {"bind_digests", (PyCFunction)Core_bind_digests, METH_VARARGS,
      "bind_digests(width, dups, groups, int_keys=False): keep the prefix map here, hashes "
      "of width bytes (or ints of 8)."},

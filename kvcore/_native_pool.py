@@ -215,8 +215,8 @@ class NativeBlockPool(BlockPool):
         block_hashes: Sequence[Hashable],
         group: int,
         several_groups: bool,
-    ) -> None:
-        self._core.enter(blocks, block_hashes, group, several_groups)
+    ) -> int:
+        return self._core.enter(blocks, block_hashes, group, several_groups)  # type: ignore[no-any-return]
 
     def _clear_cache(self) -> None:
         if not self._keyed:
