@@ -37,6 +37,7 @@ Turning the returned blocks into lists of ids for the comparison is not timed.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -130,7 +131,8 @@ class Replay:
     """What one replay observed and how long each category of operation took.
 
     Attributes:
-        results: Every observable result, in op order (ageing prefix included).
+        results: Every observable result as text (its ``repr``), in op order
+            (ageing prefix included).
         seconds: Per category (``CATEGORIES`` order), the summed time of the
             timed operations, clock reads included.
         clock_reads: Per category, how many timed spans were summed (to
@@ -341,6 +343,20 @@ def _age_recorded(
 After = Callable[[Any, Callable[[str, list[int]], Any]], Any]
 
 
+def freeze_heap() -> None:
+    """Leave every object made so far out of the cyclic collector's passes (the timed part starts).
+
+    vLLM's engine core does the same once it has started
+    (``vllm.utils.gc_utils.freeze_gc_heap``); without it, the collections
+    that the replay's own allocations start would walk its recorded ops,
+    prompts and results inside the timed operations. Undone with
+    ``gc.unfreeze()`` when the replay ends. The results are kept as text
+    (``repr``), which the collector does not track.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def replay_kvcore(
     case: Case,
     rec: Recording,
@@ -368,6 +384,7 @@ def replay_kvcore(
         if position == timed_from:
             spent = [0.0] * 6
             spans = [0] * 6
+            freeze_heap()
         kind = op[0]
         if kind == DECODE:
             request = requests[op[1]]
@@ -380,7 +397,7 @@ def replay_kvcore(
                 record(None)
             else:
                 request.num_computed_tokens += 1
-                record([list(g) for g in blocks.blocks])
+                record(repr([list(g) for g in blocks.blocks]))
         elif kind == NEW:
             start = clock()
             requests[op[1]] = Request(str(op[1]), prompts[op[1]])
@@ -391,7 +408,7 @@ def replay_kvcore(
             hit = get_computed_blocks(request)
             spent[LOOKUP] += clock() - start
             hits[op[1]] = hit
-            record((hit[1], [list(g) for g in hit[0].blocks]))
+            record(repr((hit[1], [list(g) for g in hit[0].blocks])))
         elif kind == ADMIT:
             request = requests[op[1]]
             hit_blocks, num_hit = hits.pop(op[1])
@@ -402,7 +419,7 @@ def replay_kvcore(
                 record(None)
             else:
                 request.num_computed_tokens = request.num_tokens
-                record([list(g) for g in blocks.blocks])
+                record(repr([list(g) for g in blocks.blocks]))
         else:
             request = requests[op[1]]
             start = clock()
@@ -411,9 +428,12 @@ def replay_kvcore(
             if kind == PREEMPT:
                 request.num_computed_tokens = 0
         spans[kind] += 1
+    if timed_from >= len(rec.ops):
+        freeze_heap()
     replay = Replay(out, *_by_category(spent, spans))
     if after is not None:
         replay.after = after(manager, Request)
+    gc.unfreeze()
     return replay
 
 
@@ -463,6 +483,7 @@ def replay_vllm(
         if position == timed_from:
             spent = [0.0] * 6
             spans = [0] * 6
+            freeze_heap()
         kind = op[0]
         if kind == DECODE:
             request = requests[op[1]]
@@ -476,7 +497,7 @@ def replay_vllm(
                 record(None)
             else:
                 request.num_computed_tokens += 1
-                record(ids(blocks))
+                record(repr(ids(blocks)))
         elif kind == NEW:
             prompt = list(prompts[op[1]])
             start = clock()
@@ -488,7 +509,7 @@ def replay_vllm(
             hit = get_computed_blocks(request)
             spent[LOOKUP] += clock() - start
             hits[op[1]] = hit
-            record((hit[1], ids(hit[0])))
+            record(repr((hit[1], ids(hit[0]))))
         elif kind == ADMIT:
             request = requests[op[1]]
             hit_blocks, num_hit = hits.pop(op[1])
@@ -499,7 +520,7 @@ def replay_vllm(
                 record(None)
             else:
                 request.num_computed_tokens = request.num_tokens
-                record(ids(blocks))
+                record(repr(ids(blocks)))
         else:
             request = requests[op[1]]
             start = clock()
@@ -508,6 +529,8 @@ def replay_vllm(
             if kind == PREEMPT:
                 request.num_computed_tokens = 0
         spans[kind] += 1
+    if timed_from >= len(rec.ops):
+        freeze_heap()
     replay = Replay(out, *_by_category(spent, spans))
     if after is not None:
 
@@ -515,4 +538,5 @@ def replay_vllm(
             return Request(request_id, token_ids, params, None, None, block_hasher=hasher)
 
         replay.after = after(manager, make_request)
+    gc.unfreeze()
     return replay

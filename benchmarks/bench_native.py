@@ -19,6 +19,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -40,6 +41,7 @@ from _replay import (
     NEW,
     PREEMPT,
     add_trace_options,
+    freeze_heap,
     make_kvcore,
     record_ops,
     trace_option_flags,
@@ -107,6 +109,8 @@ def replay_marked(args: argparse.Namespace) -> dict[str, Any]:
 
     for position, op in enumerate(rec.ops):
         timed = position >= rec.timed_from
+        if position == rec.timed_from:
+            freeze_heap()
         kind, index = op[0], op[1]
         if kind == NEW:
             mark = marks.lookup if timed else direct
@@ -114,7 +118,7 @@ def replay_marked(args: argparse.Namespace) -> dict[str, Any]:
         elif kind == LOOKUP:
             mark = marks.lookup if timed else direct
             hit = hits[index] = mark(lambda r=requests[index]: manager.get_computed_blocks(r))
-            out.append((hit[1], [list(g) for g in hit[0].blocks]))
+            out.append(repr((hit[1], [list(g) for g in hit[0].blocks])))
         elif kind == ADMIT:
             request = requests[index]
             hit_blocks, num_hit = hits.pop(index)
@@ -126,7 +130,7 @@ def replay_marked(args: argparse.Namespace) -> dict[str, Any]:
             )
             if blocks is not None:
                 request.num_computed_tokens = request.num_tokens
-            out.append(None if blocks is None else [list(g) for g in blocks.blocks])
+            out.append(None if blocks is None else repr([list(g) for g in blocks.blocks]))
         elif kind == DECODE:
             request = requests[index]
 
@@ -139,12 +143,13 @@ def replay_marked(args: argparse.Namespace) -> dict[str, Any]:
                 request._all_token_ids.pop()
             else:
                 request.num_computed_tokens += 1
-            out.append(None if blocks is None else [list(g) for g in blocks.blocks])
+            out.append(None if blocks is None else repr([list(g) for g in blocks.blocks]))
         else:
             request = requests[index]
             (marks.free if timed else direct)(lambda r=request: manager.free(r))
             if kind == PREEMPT:
                 request.num_computed_tokens = 0
+    gc.unfreeze()
     return {"results": out, "counts": rec.counts(), "ops": len(rec.ops) - rec.timed_from}
 
 
