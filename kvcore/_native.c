@@ -1461,9 +1461,53 @@ unrelease(Core *self, PyObject **items, Py_ssize_t walked)
     shift_counts(self, items, walked, 1);
 }
 
-/* Drop a count on each block of ``fast``; collect those reaching 0 in ``released``. */
+/* A new list of items[positions[0]], items[positions[1]], ... (``count`` of them). */
+static PyObject *
+items_at(PyObject **items, const Py_ssize_t *positions, Py_ssize_t count)
+{
+    PyObject *list = PyList_New(count);
+    for (Py_ssize_t k = 0; list != NULL && k < count; k++) {
+        PyObject *item = items[positions[k]];
+        Py_INCREF(item);
+        PyList_SET_ITEM(list, k, item);
+    }
+    return list;
+}
+
+/* What a release collects: the position in the released sequence and the
+ * id of each block whose count reached 0, in order. */
+typedef struct {
+    Py_ssize_t *positions;
+    int32_t *ids;
+    Py_ssize_t count;
+} Freed;
+
 static int
-drop_counts(Core *self, PyObject *fast, PyObject *released)
+freed_init(Freed *freed, Py_ssize_t size)
+{
+    size_t room = (size_t)(size ? size : 1);
+    freed->positions = PyMem_Malloc(room * sizeof(Py_ssize_t));
+    freed->ids = PyMem_Malloc(room * sizeof(int32_t));
+    freed->count = 0;
+    if (freed->positions == NULL || freed->ids == NULL) {
+        PyMem_Free(freed->positions);
+        PyMem_Free(freed->ids);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void
+freed_clear(Freed *freed)
+{
+    PyMem_Free(freed->positions);
+    PyMem_Free(freed->ids);
+}
+
+/* Drop a count on each block of ``fast``; note those reaching 0 in ``freed``. */
+static int
+drop_counts(Core *self, PyObject *fast, Freed *freed)
 {
     Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
     PyObject **items = PySequence_Fast_ITEMS(fast);
@@ -1486,10 +1530,28 @@ drop_counts(Core *self, PyObject *fast, PyObject *released)
                          block);
             return -1;
         }
-        if (count == 0 && PyList_Append(released, items[i]) < 0) {
-            unrelease(self, items, i + 1);
+        if (count == 0) {
+            freed->positions[freed->count] = i;
+            freed->ids[freed->count++] = block;
+        }
+    }
+    return 0;
+}
+
+/* Link the ``count`` blocks ``ids`` (their counts just reached 0) at the
+ * tail; -1 (nothing linked) if one is queued already. */
+static int
+link_at_tail(Core *self, const int32_t *ids, Py_ssize_t count)
+{
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (self->prev[ids[i]] != -1) {
+            PyErr_Format(PyExc_ValueError, "block %d is already in the free queue", ids[i]);
             return -1;
         }
+    }
+    int32_t sentinel = q_sentinel(self);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        q_link_before(self, ids[i], sentinel);
     }
     return 0;
 }
@@ -1504,27 +1566,37 @@ Core_release_blocks(Core *self, PyObject *blocks)
     if (fast == NULL) {
         return NULL;
     }
-    PyObject *released = PyList_New(0);
-    if (released == NULL || drop_counts(self, fast, released) < 0) {
-        Py_XDECREF(released);
-        Py_DECREF(fast);
-        return NULL;
-    }
     Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
-    Py_ssize_t count = PyList_GET_SIZE(released);
-    int failed = append_tail(self, released) < 0;
-    if (!failed && journaling(self) &&
-        journal_append(self, "_undo_release_blocks", Py_BuildValue("(On)", fast, count)) < 0) {
-        drop_tail(self, count);
-        failed = 1;
-    }
-    if (failed) {
-        unrelease(self, PySequence_Fast_ITEMS(fast), size);
-        Py_DECREF(released);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    Freed freed;
+    if (freed_init(&freed, size) < 0) {
         Py_DECREF(fast);
         return NULL;
     }
-    self->num_free += count;
+    PyObject *released = NULL;
+    if (drop_counts(self, fast, &freed) == 0) {
+        released = items_at(items, freed.positions, freed.count);
+        if (released == NULL) {
+            unrelease(self, items, size);
+        }
+    }
+    if (released != NULL && link_at_tail(self, freed.ids, freed.count) < 0) {
+        unrelease(self, items, size);
+        Py_CLEAR(released);
+    }
+    else if (released != NULL) {
+        if (journaling(self) &&
+            journal_append(self, "_undo_release_blocks",
+                           Py_BuildValue("(On)", fast, freed.count)) < 0) {
+            drop_tail(self, freed.count);
+            unrelease(self, items, size);
+            Py_CLEAR(released);
+        }
+        else {
+            self->num_free += freed.count;
+        }
+    }
+    freed_clear(&freed);
     Py_DECREF(fast);
     return released;
 }
@@ -1586,19 +1658,6 @@ take_counts(Core *self, PyObject **items, Py_ssize_t size, int32_t *links,
         }
     }
     return freed;
-}
-
-/* A new list of items[positions[0]], items[positions[1]], ... (``count`` of them). */
-static PyObject *
-items_at(PyObject **items, const Py_ssize_t *positions, Py_ssize_t count)
-{
-    PyObject *list = PyList_New(count);
-    for (Py_ssize_t k = 0; list != NULL && k < count; k++) {
-        PyObject *item = items[positions[k]];
-        Py_INCREF(item);
-        PyList_SET_ITEM(list, k, item);
-    }
-    return list;
 }
 
 static PyObject *
@@ -1768,21 +1827,29 @@ Core_drop_blocks(Core *self, PyObject *blocks)
     if (fast == NULL) {
         return NULL;
     }
-    PyObject *released = PyList_New(0);
-    if (released == NULL || drop_counts(self, fast, released) < 0) {
-        Py_XDECREF(released);
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    Freed freed;
+    if (freed_init(&freed, size) < 0) {
         Py_DECREF(fast);
         return NULL;
     }
-    Py_ssize_t count = PyList_GET_SIZE(released);
-    if (journaling(self) &&
-        journal_append(self, "_undo_drop_blocks", Py_BuildValue("(On)", fast, count)) < 0) {
-        unrelease(self, PySequence_Fast_ITEMS(fast), PySequence_Fast_GET_SIZE(fast));
-        Py_DECREF(released);
-        Py_DECREF(fast);
-        return NULL;
+    PyObject *released = NULL;
+    if (drop_counts(self, fast, &freed) == 0) {
+        released = items_at(items, freed.positions, freed.count);
+        if (released == NULL) {
+            unrelease(self, items, size);
+        }
     }
-    self->num_free += count;
+    if (released != NULL && journaling(self) &&
+        journal_append(self, "_undo_drop_blocks", Py_BuildValue("(On)", fast, freed.count)) < 0) {
+        unrelease(self, items, size);
+        Py_CLEAR(released);
+    }
+    if (released != NULL) {
+        self->num_free += freed.count;
+    }
+    freed_clear(&freed);
     Py_DECREF(fast);
     return released;
 }
