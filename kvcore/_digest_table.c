@@ -83,26 +83,22 @@ distance(const DigestTable *table, size_t home, size_t index)
     return index >= home ? index - home : index + table->cap - home;
 }
 
-/* A slot's value: the tag of ``h``, the distance (capped at far_away), the block. */
-static inline uint32_t
-slot_value(const DigestTable *table, uint64_t h, size_t dist, int32_t block)
-{
-    uint32_t far = far_away(table);
-    uint32_t stored = dist < far ? (uint32_t)dist : far;
-    uint32_t tagged = table->idbits + table->distbits >= 32
-                          ? 0
-                          : tag_of(table, h) << (table->idbits + table->distbits);
-    return tagged | (stored << table->idbits) | (uint32_t)(block + 1);
-}
-
-/* The same entry at another distance from its home. */
+/* The same entry at another distance from its home (capped at far_away). */
 static inline uint32_t
 with_distance(const DigestTable *table, uint32_t value, size_t dist)
 {
     uint32_t far = far_away(table);
     uint32_t stored = dist < far ? (uint32_t)dist : far;
-    uint32_t field = far << table->idbits;
-    return (value & ~field) | (stored << table->idbits);
+    return (value & ~(far << table->idbits)) | (stored << table->idbits);
+}
+
+/* A slot's value: the tag of ``h``, the distance, the block. */
+static inline uint32_t
+slot_value(const DigestTable *table, uint64_t h, size_t dist, int32_t block)
+{
+    unsigned shift = table->idbits + table->distbits;
+    uint32_t tagged = shift >= 32 ? 0 : tag_of(table, h) << shift;
+    return with_distance(table, tagged | (uint32_t)(block + 1), dist);
 }
 
 static inline uint32_t

@@ -564,6 +564,28 @@ bytes_to_fill(Py_ssize_t size)
     return PyBytes_FromStringAndSize(NULL, size ? size : 1);
 }
 
+/* Journal the undo of an eviction: ``ids`` and ``digests`` (bytes objects,
+ * stolen) hold ``count`` entries each, and are cut to that size. Any pending
+ * exception is kept. */
+static int
+journal_evicted(Core *self, PyObject *ids, PyObject *digests, Py_ssize_t count)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *args = NULL;
+    if (_PyBytes_Resize(&ids, count * (Py_ssize_t)sizeof(int32_t)) == 0 &&
+        _PyBytes_Resize(&digests, count * (Py_ssize_t)self->map.width) == 0) {
+        args = PyTuple_Pack(2, ids, digests);
+    }
+    Py_XDECREF(ids);
+    Py_XDECREF(digests);
+    int failed = journal_append(self, "_undo_evict_digests", args) < 0;
+    if (type != NULL) {
+        PyErr_Restore(type, value, traceback);
+    }
+    return failed ? -1 : 0;
+}
+
 /* Evict the just-taken ``blocks``; inside a transaction, journal the entries
  * dropped (ids and digests, written straight into the undo step's bytes). */
 static int
@@ -601,26 +623,13 @@ evict_taken_digests(Core *self, PyObject *blocks, PyObject *uncache, PyObject *r
         int32_t block = list_block(blocks, i);
         failed = evict_digest(self, block, uncache, removed, evicted, &num_evicted, copies) < 0;
     }
-    if (ids == NULL || !num_evicted) {
+    if (ids != NULL && num_evicted) {
+        /* Journaled even after a failure, so that the rollback restores the entries. */
+        failed |= journal_evicted(self, ids, digests, num_evicted) < 0;
+    }
+    else {
         Py_XDECREF(ids);
         Py_XDECREF(digests);
-        return failed ? -1 : 0;
-    }
-    /* Journaled even after a failure, so that the rollback restores the entries. */
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    PyObject *args = NULL;
-    if (_PyBytes_Resize(&ids, num_evicted * (Py_ssize_t)sizeof(int32_t)) == 0 &&
-        _PyBytes_Resize(&digests, num_evicted * width) == 0) {
-        args = PyTuple_Pack(2, ids, digests);
-    }
-    Py_XDECREF(ids);
-    Py_XDECREF(digests);
-    if (args == NULL || journal_append(self, "_undo_evict_digests", args) < 0) {
-        failed = 1;
-    }
-    if (type != NULL) {
-        PyErr_Restore(type, value, traceback);
     }
     return failed ? -1 : 0;
 }
@@ -1336,7 +1345,7 @@ evict_taken(Core *self, PyObject *blocks, PyObject *uncache, PyObject *removed)
     }
     int failed = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks) && !failed; i++) {
-        int32_t block = (int32_t)int_value(PyList_GET_ITEM(blocks, i));
+        int32_t block = list_block(blocks, i);
         failed = evict_one(self, block, uncache, removed, evicted, evicted_hashes) < 0;
     }
     /* Journaled even after a failure, so that the rollback restores the hashes. */
@@ -1386,7 +1395,7 @@ Core_take_blocks(Core *self, PyObject *args)
         return NULL;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        self->ref[int_value(PyList_GET_ITEM(blocks, i))] = 1;
+        self->ref[list_block(blocks, i)] = 1;
     }
     self->num_free -= count;
     if (evict && (self->keyed ? evict_taken_digests(self, blocks, uncache, removed)
@@ -1410,7 +1419,7 @@ Core_undo_take_blocks(Core *self, PyObject *blocks)
         return NULL;
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks); i++) {
-        self->ref[int_value(PyList_GET_ITEM(blocks, i))] = 0;
+        self->ref[list_block(blocks, i)] = 0;
     }
     self->num_free += PyList_GET_SIZE(blocks);
     Py_RETURN_NONE;
@@ -1538,6 +1547,23 @@ drop_counts(Core *self, PyObject *fast, Freed *freed)
     return 0;
 }
 
+/* Drop a count on each block of ``fast`` (``freed`` made ready for it):
+ * the list of those whose count reached 0, in order, or NULL with an
+ * exception and every count as it was. */
+static PyObject *
+release_counts(Core *self, PyObject *fast, Freed *freed)
+{
+    if (drop_counts(self, fast, freed) < 0) {
+        return NULL;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    PyObject *released = items_at(items, freed->positions, freed->count);
+    if (released == NULL) {
+        unrelease(self, items, PySequence_Fast_GET_SIZE(fast));
+    }
+    return released;
+}
+
 /* Link the ``count`` blocks ``ids`` (their counts just reached 0) at the
  * tail; -1 (nothing linked) if one is queued already. */
 static int
@@ -1573,13 +1599,7 @@ Core_release_blocks(Core *self, PyObject *blocks)
         Py_DECREF(fast);
         return NULL;
     }
-    PyObject *released = NULL;
-    if (drop_counts(self, fast, &freed) == 0) {
-        released = items_at(items, freed.positions, freed.count);
-        if (released == NULL) {
-            unrelease(self, items, size);
-        }
-    }
+    PyObject *released = release_counts(self, fast, &freed);
     if (released != NULL && link_at_tail(self, freed.ids, freed.count) < 0) {
         unrelease(self, items, size);
         Py_CLEAR(released);
@@ -1748,7 +1768,7 @@ claim_counts(Core *self, PyObject *blocks)
         }
         if (block < 0) {
             for (Py_ssize_t j = 0; j < i; j++) {
-                self->ref[int_value(PyList_GET_ITEM(blocks, j))] = 0;
+                self->ref[list_block(blocks, j)] = 0;
             }
             return -1;
         }
@@ -1778,7 +1798,7 @@ claim(Core *self, PyObject *blocks, int evict, PyObject *uncache, PyObject *remo
     if (journaling(self) &&
         journal_append(self, "_undo_claim_blocks", PyTuple_Pack(1, blocks)) < 0) {
         for (Py_ssize_t i = 0; i < count; i++) {
-            self->ref[int_value(PyList_GET_ITEM(blocks, i))] = 0;
+            self->ref[list_block(blocks, i)] = 0;
         }
         return -1;
     }
@@ -1834,13 +1854,7 @@ Core_drop_blocks(Core *self, PyObject *blocks)
         Py_DECREF(fast);
         return NULL;
     }
-    PyObject *released = NULL;
-    if (drop_counts(self, fast, &freed) == 0) {
-        released = items_at(items, freed.positions, freed.count);
-        if (released == NULL) {
-            unrelease(self, items, size);
-        }
-    }
+    PyObject *released = release_counts(self, fast, &freed);
     if (released != NULL && journaling(self) &&
         journal_append(self, "_undo_drop_blocks", Py_BuildValue("(On)", fast, freed.count)) < 0) {
         unrelease(self, items, size);
