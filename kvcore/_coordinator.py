@@ -221,13 +221,14 @@ class KVCacheCoordinator:
         num_tokens: int,
         num_encoder_tokens: int = 0,
         groups: Sequence[int] | None = None,
-    ) -> Hits:
+    ) -> tuple[Sequence[int], ...]:
         """Grow the tables to ``num_tokens`` slots (encoder groups: encoder tokens).
 
         ``groups``: the groups that act (default all); the others grow by nothing.
         """
         managers = self.managers
-        grown: list[list[int]] = [[] for _ in managers]
+        # Groups that do not act grow by an empty tuple (no list to build).
+        grown: list[Sequence[int]] = [()] * len(managers)
         for group in self.all_groups if groups is None else groups:
             manager = managers[group]
             grown[group] = manager.allocate_new_blocks(

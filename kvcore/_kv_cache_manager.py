@@ -314,7 +314,8 @@ class KVCacheManager:
             InvalidRequestError: a token id is not a 64-bit integer.
             ConcurrentUseError: another thread is inside this manager.
         """
-        self._enter()
+        if not self._busy.acquire(False):  # positional: no keyword dict per call
+            raise _called_from_two_threads()
         try:
             return self._lookup(request)
         finally:
@@ -409,7 +410,8 @@ class KVCacheManager:
             and self._decode_step_is_steady(request, num_new_tokens, num_lookahead_tokens)
         ):
             return self.empty_kv_cache_blocks
-        self._enter()
+        if not self._busy.acquire(False):  # positional: no keyword dict per call
+            raise _called_from_two_threads()
         try:
             return self._allocate(
                 request,
@@ -442,7 +444,7 @@ class KVCacheManager:
         ):
             return False
         need = num_computed + num_new_tokens
-        num_tokens = len(request.all_token_ids)
+        num_tokens = len(request._all_token_ids)
         if not (
             num_new_tokens > 0
             and num_lookahead_tokens >= 0
@@ -493,8 +495,9 @@ class KVCacheManager:
         if not delay_cache_blocks:
             # Draft tokens are not the request's tokens yet: they are never cached.
             num_to_cache = num_computed + num_new
-            if num_to_cache > request.num_tokens:
-                num_to_cache = request.num_tokens
+            num_tokens = len(request._all_token_ids)
+            if num_to_cache > num_tokens:
+                num_to_cache = num_tokens
         request_id = request.request_id
         groups = None
         if running and self._steps_by_group and not (num_hit or num_external or num_encoder):
@@ -531,7 +534,7 @@ class KVCacheManager:
         counts: tuple[int, int, int, int],
         num_to_cache: int | None,
         groups: Sequence[int] | None,
-    ) -> tuple[list[int], ...] | None:
+    ) -> tuple[Sequence[int], ...] | None:
         """Free skipped blocks, then adopt, allocate and cache, or return ``None`` if no room.
 
         ``counts``: local computed tokens, external tokens, tokens that need
@@ -667,7 +670,7 @@ class KVCacheManager:
     ) -> int:
         """The computed tokens (local, hit, external): tokens of the request, within the limit."""
         num_computed = request.num_computed_tokens + num_hit + num_external
-        if num_computed.__class__ is not int or num_computed > request.num_tokens:
+        if num_computed.__class__ is not int or num_computed > len(request._all_token_ids):
             self._refuse_computed(request, num_hit, num_external)
         if num_computed + num_new > self.max_model_len:
             msg = (
@@ -715,16 +718,6 @@ class KVCacheManager:
         )
         raise InvalidRequestError(msg)
 
-    def _enter(self) -> None:
-        """Hold the manager for this call, or refuse a call from a second thread."""
-        if not self._busy.acquire(False):  # positional: no keyword dict per call
-            msg = (
-                "KVCacheManager was called from two threads at once; a manager is "
-                "single-threaded: call it from one scheduler thread (or serialise the "
-                "calls with a lock of your own)"
-            )
-            raise ConcurrentUseError(msg)
-
     # -- freeing and caching ----------------------------------------------------------
 
     def free(self, request: Request) -> None:
@@ -745,7 +738,8 @@ class KVCacheManager:
             if owner is None:
                 return
             raise _foreign(request)
-        self._enter()
+        if not self._busy.acquire(False):  # positional: no keyword dict per call
+            raise _called_from_two_threads()
         try:
             with self.block_pool.transaction():
                 self.coordinator.free(request.request_id)
@@ -785,7 +779,8 @@ class KVCacheManager:
             )
             raise InvalidRequestError(msg)
         self._check_slots(request.request_id, num_computed_tokens, "num_computed_tokens")
-        self._enter()
+        if not self._busy.acquire(False):  # positional: no keyword dict per call
+            raise _called_from_two_threads()
         try:
             self._hasher.update(request)
             with self.block_pool.transaction():
@@ -819,7 +814,8 @@ class KVCacheManager:
             self._check_slots(request_id, total_computed_tokens, "total_computed_tokens")
         if not self.coordinator.windowed:
             return
-        self._enter()
+        if not self._busy.acquire(False):  # positional: no keyword dict per call
+            raise _called_from_two_threads()
         try:
             with self.block_pool.transaction():
                 self.coordinator.remove_skipped_blocks(request_id, total_computed_tokens)
@@ -940,6 +936,16 @@ class KVCacheManager:
         for row, table in enumerate(tables):
             array[row, : len(table)] = table
         return array
+
+
+def _called_from_two_threads() -> ConcurrentUseError:
+    """The error for a call that finds the manager held by another thread."""
+    msg = (
+        "KVCacheManager was called from two threads at once; a manager is "
+        "single-threaded: call it from one scheduler thread (or serialise the "
+        "calls with a lock of your own)"
+    )
+    return ConcurrentUseError(msg)
 
 
 def _foreign(request: Request) -> RequestStateError:

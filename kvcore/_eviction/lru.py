@@ -125,7 +125,10 @@ class LRUFreeQueue:
 
     def take(self, n: int) -> list[int]:
         """Remove and return the first ``n`` blocks of the queue, head first."""
-        out, n = self._take_fresh(n)
+        if self._fresh_start < self._fresh_end:
+            out, n = self._take_fresh(n)
+        else:
+            out = []  # an aged pool: every block has been used once
         if n and self._swept is not None:
             n = self._take_swept(out, n)
         if n:
