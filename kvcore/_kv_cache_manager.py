@@ -280,8 +280,13 @@ class KVCacheManager:
         self._steady: dict[str, int] = {}
         self._group_steady: dict[str, list[int]] = {}
         # A running request's step that adopts nothing calls only the groups
-        # with work (see _groups_due); with encoder groups, every group acts.
-        self._steps_by_group = not self.coordinator.encoder_groups
+        # with work (see _groups_due); with encoder groups, every group acts,
+        # and so does the one group of a single-group model.
+        self._steps_by_group = (
+            not self.coordinator.encoder_groups and self.num_kv_cache_groups > 1
+        )
+        # The pool's one transaction object (see BlockPool.transaction).
+        self._transaction = self.block_pool.transaction()
         # A decode step has hashing to do once its tokens fill a new hash unit.
         self._hash_unit = self.hash_block_size if enable_caching else _NO_LIMIT
         self._busy = threading.Lock()
@@ -506,7 +511,7 @@ class KVCacheManager:
                 return self.empty_kv_cache_blocks
             if len(groups) == self.num_kv_cache_groups:
                 groups = None  # every group acts: the plain passes, without picking
-        with self.block_pool.transaction():
+        with self._transaction:
             new_blocks = self._change_tables(
                 request,
                 hits,
@@ -741,7 +746,7 @@ class KVCacheManager:
         if not self._busy.acquire(False):  # positional: no keyword dict per call
             raise _called_from_two_threads()
         try:
-            with self.block_pool.transaction():
+            with self._transaction:
                 self.coordinator.free(request.request_id)
             request._kv_owner = None
             del self._requests[request.request_id]
@@ -783,7 +788,7 @@ class KVCacheManager:
             raise _called_from_two_threads()
         try:
             self._hasher.update(request)
-            with self.block_pool.transaction():
+            with self._transaction:
                 self.coordinator.cache_blocks(request, num_computed_tokens)
                 steady = self._steady_after(request)
             self._set_steady(request.request_id, steady)
@@ -817,7 +822,7 @@ class KVCacheManager:
         if not self._busy.acquire(False):  # positional: no keyword dict per call
             raise _called_from_two_threads()
         try:
-            with self.block_pool.transaction():
+            with self._transaction:
                 self.coordinator.remove_skipped_blocks(request_id, total_computed_tokens)
                 steady = self._steady_after(request)
             self._set_steady(request_id, steady)
