@@ -630,11 +630,12 @@ class BlockPool:
         with self.transaction():
             self._release(blocks)
 
-    def _release(self, blocks: Sequence[int]) -> list[int]:
-        """:meth:`free_blocks` for kvcore's managers (``blocks`` is kept for the undo).
+    def _release(self, blocks: Sequence[int]) -> None:
+        """:meth:`free_blocks` for kvcore's managers (``blocks`` is kept for the undo)."""
+        self._release_listing(blocks)
 
-        Returns the blocks that became free, in queue order.
-        """
+    def _release_listing(self, blocks: Sequence[int]) -> list[int]:
+        """:meth:`_release`, returning the blocks that became free, in queue order."""
         ref = self._ref
         remaining = iter(blocks)
         # The common case first: blocks only this caller holds (count 1) go

@@ -1557,6 +1557,12 @@ release_counts(Core *self, PyObject *fast, Freed *freed)
         return NULL;
     }
     PyObject **items = PySequence_Fast_ITEMS(fast);
+    if (PyList_CheckExact(fast) && freed->count == PySequence_Fast_GET_SIZE(fast)) {
+        /* Every block was freed (the usual release): the caller's own list,
+         * as the Python pool returns it, instead of a copy of it. */
+        Py_INCREF(fast);
+        return fast;
+    }
     PyObject *released = items_at(items, freed->positions, freed->count);
     if (released == NULL) {
         unrelease(self, items, PySequence_Fast_GET_SIZE(fast));
@@ -1582,6 +1588,9 @@ link_at_tail(Core *self, const int32_t *ids, Py_ssize_t count)
     return 0;
 }
 
+/* Drop a count on each of ``blocks`` and queue those reaching 0 at the
+ * tail, in order: how many, or NULL with an exception and nothing changed.
+ * Nobody reads the freed blocks, so no list of them is made. */
 static PyObject *
 Core_release_blocks(Core *self, PyObject *blocks)
 {
@@ -1599,26 +1608,30 @@ Core_release_blocks(Core *self, PyObject *blocks)
         Py_DECREF(fast);
         return NULL;
     }
-    PyObject *released = release_counts(self, fast, &freed);
-    if (released != NULL && link_at_tail(self, freed.ids, freed.count) < 0) {
-        unrelease(self, items, size);
-        Py_CLEAR(released);
+    PyObject *result = NULL;
+    if (drop_counts(self, fast, &freed) < 0) {
+        /* nothing changed */
     }
-    else if (released != NULL) {
-        if (journaling(self) &&
-            journal_append(self, "_undo_release_blocks",
-                           Py_BuildValue("(On)", fast, freed.count)) < 0) {
-            drop_tail(self, freed.count);
-            unrelease(self, items, size);
-            Py_CLEAR(released);
-        }
-        else {
-            self->num_free += freed.count;
-        }
+    else if ((result = PyLong_FromSsize_t(freed.count)) == NULL) {
+        unrelease(self, items, size);
+    }
+    else if (link_at_tail(self, freed.ids, freed.count) < 0) {
+        unrelease(self, items, size);
+        Py_CLEAR(result);
+    }
+    else if (journaling(self) &&
+             journal_append(self, "_undo_release_blocks",
+                            Py_BuildValue("(On)", fast, freed.count)) < 0) {
+        drop_tail(self, freed.count);
+        unrelease(self, items, size);
+        Py_CLEAR(result);
+    }
+    else {
+        self->num_free += freed.count;
     }
     freed_clear(&freed);
     Py_DECREF(fast);
-    return released;
+    return result;
 }
 
 static PyObject *
@@ -2451,7 +2464,8 @@ static PyMethodDef Core_methods[] = {
     {"take_blocks", (PyCFunction)Core_take_blocks, METH_VARARGS,
      "take_blocks(n, evict, uncache, removed): n blocks held once, their hashes evicted."},
     {"release_blocks", (PyCFunction)Core_release_blocks, METH_O,
-     "release_blocks(blocks): drop a count each; the blocks reaching 0, queued."},
+     "release_blocks(blocks): drop a count each; the blocks reaching 0 queued at the tail; "
+     "returns how many."},
     {"touch_blocks", (PyCFunction)Core_touch_blocks, METH_O,
      "touch_blocks(blocks): take a count each; the free ones, unqueued and returned."},
     {"claim_blocks", (PyCFunction)Core_claim_blocks, METH_VARARGS,

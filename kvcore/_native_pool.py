@@ -180,8 +180,9 @@ class NativeBlockPool(BlockPool):
     def _removed(self, block_hash: Hashable, group: int) -> None:
         self._append_event(BlockRemoved(block_hashes=(block_hash,), group_idx=group))
 
-    def _release(self, blocks: Sequence[int]) -> list[int]:
-        return self._queue.release_blocks(blocks)  # type: ignore[attr-defined,no-any-return]
+    def _release(self, blocks: Sequence[int]) -> None:
+        # The compiled queue builds no list of the freed blocks: nobody reads it.
+        self._queue.release_blocks(blocks)  # type: ignore[attr-defined]
 
     def _touch(self, blocks: Sequence[int]) -> list[int]:
         # Hits are counted by the queue that needs them (lru ignores them).
@@ -282,11 +283,10 @@ class NativePolicyPool(NativeBlockPool):
         self._core.claim_blocks(blocks, self.enable_caching, self._uncache, removed)
         return blocks
 
-    def _release(self, blocks: Sequence[int]) -> list[int]:
+    def _release(self, blocks: Sequence[int]) -> None:
         released: list[int] = self._core.drop_blocks(blocks)
         if released:
             self._queue.release(released)
-        return released
 
     def _touch(self, blocks: Sequence[int]) -> list[int]:
         revived: list[int] = self._core.adopt_blocks(blocks)

@@ -215,17 +215,16 @@ class ClassPool(BlockPool):
             ref[block] = 0
         self._spares.extend(reversed(blocks))
 
-    def _release(self, blocks: Sequence[int]) -> list[int]:
+    def _release(self, blocks: Sequence[int]) -> None:
         """As the block pool's, except that a block freed caching nothing becomes a spare.
 
         Such a block (a request's running state, a partly filled last block)
         holds nothing a hit could use, so it is taken before any queued block,
         whose cache the policy would evict; in the queue it would wait its
-        turn behind cached blocks. Returns the blocks that became free, the
-        queued ones in queue order, then the spared ones.
+        turn behind cached blocks.
         """
         spared, queued = self._split_uncached(blocks)
-        released = super()._release(queued) if queued else []
+        released = self._release_listing(queued) if queued else []
         if spared:
             ref = self._ref
             for block in spared:
@@ -238,7 +237,6 @@ class ClassPool(BlockPool):
             self._pages.freed(self._klass, freed)
             if released:
                 self._ages.stamp(released, self._pages.clock)
-        return freed
 
     def _split_uncached(self, blocks: Sequence[int]) -> tuple[list[int], Sequence[int]]:
         """The blocks this release frees that cache nothing, and the rest (for the queue).

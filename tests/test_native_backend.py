@@ -277,3 +277,32 @@ def test_holds_cached_answers_each_case_as_worked_out_by_hand(backend: str) -> N
     assert not holds([1, -1], [_EqualityRaises(ZeroDivisionError), h1], 0)
     # The hashes stop at the first that differs, as a list comparison does.
     assert not holds([2, 1], [h0, _EqualityRaises(ZeroDivisionError)], 0)
+
+
+def test_a_release_queues_the_blocks_it_freed_and_counts_them() -> None:
+    """``release_blocks`` returns how many reached 0; ``drop_blocks`` lists them, in order."""
+    require_native()
+    from kvcore import _native  # type: ignore[attr-defined]
+
+    core = _native.Core(8, DoubleFreeError)
+    core.bind([None] * 8, [{}], [{}], bytearray(8))
+    # Block 0 stands for the null block, which a release skips; the pool holds it.
+    assert core.take_blocks(6, False, None, None) == [0, 1, 2, 3, 4, 5]
+    core.touch_blocks([2])  # block 2 held twice
+    assert core.release_blocks([5, 1]) == 2
+    assert core.release_blocks((4,)) == 1
+    assert core.release_blocks([3, 0, 2]) == 1  # 0 is skipped, 2 is still held once
+    assert list(memoryview(core)) == [1, 0, 1, 0, 0, 0, 0, 0]
+    assert list(core) == [6, 7, 5, 1, 4, 3]  # never used, then freed in release order
+    assert core.num_free == 6
+
+    policy_core = _native.Core(6, DoubleFreeError, queue=False)
+    policy_core.bind([None] * 6, [{}], [{}], bytearray(6))
+    policy_core.claim_blocks([0, 1, 2, 3], False, None, None)
+    policy_core.adopt_blocks([2])
+    every = [3, 1]
+    assert policy_core.drop_blocks(every) is every  # every block freed: no copy made
+    some = [2, 0]
+    assert policy_core.drop_blocks(some) == []
+    assert policy_core.drop_blocks((2,)) == [2]  # a tuple in, a list out
+    assert list(memoryview(policy_core)) == [1, 0, 0, 0, 0, 0]
