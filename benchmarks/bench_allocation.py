@@ -335,7 +335,8 @@ def pool_components(pool: Any, total: int) -> dict[str, int]:
 
     Block ids above 256 are int objects of their own (smaller ones are shared
     by the interpreter): counted once, wherever the queue or the map holds
-    them. ``other`` is ``total`` (tracemalloc) minus the parts.
+    them; a native core's are those it keeps (:func:`native_id_objects`).
+    ``other`` is ``total`` (tracemalloc) minus the parts.
     """
     queue = pool._queue
     links = [queue._queue, queue._stale] if isinstance(queue, LRUFreeQueue) else []
@@ -357,13 +358,21 @@ def pool_components(pool: Any, total: int) -> dict[str, int]:
         "free queue + stale counts": (
             8 * (pool.num_blocks + 1) if native else sum(map(sys.getsizeof, links))
         ),
-        "block-id int objects": sum(map(sys.getsizeof, ids.values())),
+        "block-id int objects": (
+            native_id_objects(pool) if native else sum(map(sys.getsizeof, ids.values()))
+        ),
         "hash slots": sys.getsizeof(pool._hash),
         "hash objects": sum(map(sys.getsizeof, hashes.values())),
         "prefix map": sum(map(sys.getsizeof, maps)) + sum(map(sys.getsizeof, waiting)),
     }
     parts["other"] = total - sum(parts.values())
     return parts
+
+
+def native_id_objects(pool: Any) -> int:
+    """Bytes of the int objects a native core keeps for block ids, and of their slots."""
+    held, slots = pool._core.id_objects
+    return held * sys.getsizeof(2**20) + slots * 8
 
 
 def digest_pool_components(pool: Any, total: int) -> dict[str, int]:
@@ -374,7 +383,7 @@ def digest_pool_components(pool: Any, total: int) -> dict[str, int]:
         "reference counts": 4 * pool.num_blocks,
         "group ids": sys.getsizeof(pool._group),
         "free queue + stale counts": 8 * (pool.num_blocks + 1),
-        "block-id int objects": 0,
+        "block-id int objects": native_id_objects(pool),
         "hash slots": 0,
         # Digests, the bit a block, the table of block ids (native arrays).
         "hash objects": 0,

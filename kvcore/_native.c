@@ -59,7 +59,16 @@ typedef struct {
     int int_keys;          /* ... with int hashes, kept as 8-byte little-endian keys */
     unsigned char key[8];  /* the key of the int hash last converted (key_digest) */
     DigestTable map;
+    PyObject **id_objects;       /* the int object of each block id below num_id_slots, or NULL */
+    Py_ssize_t num_id_slots;     /* min(n, ID_OBJECTS_MAX) */
+    Py_ssize_t num_id_objects;   /* how many of those slots hold an object */
 } Core;
+
+/* Block ids below this keep one int object each for the core's lifetime (at
+ * most 8 + 32 bytes an id, 40 MiB a pool): a table handed out and freed then
+ * neither allocates nor frees an int per block. Larger ids get a new int
+ * each time, as before. */
+#define ID_OBJECTS_MAX ((Py_ssize_t)1 << 20)
 
 static PyTypeObject CoreType;
 
@@ -217,6 +226,10 @@ Core_dealloc(Core *self)
     if (self->keyed) {
         dt_free(&self->map);
     }
+    for (Py_ssize_t block = 0; self->id_objects != NULL && block < self->num_id_slots; block++) {
+        Py_XDECREF(self->id_objects[block]);
+    }
+    PyMem_Free(self->id_objects);
     Py_CLEAR(self->journal);
     Py_CLEAR(self->hashes);
     Py_CLEAR(self->maps);
@@ -270,15 +283,19 @@ Core_init(Core *self, PyObject *args, PyObject *kwds)
         return -1;
     }
     self->ref = PyMem_RawCalloc((size_t)n, sizeof(int32_t));
+    Py_ssize_t id_slots = n < ID_OBJECTS_MAX ? n : ID_OBJECTS_MAX;
+    self->id_objects = PyMem_Calloc((size_t)id_slots, sizeof(PyObject *));
     if (queue) {
         self->prev = PyMem_RawMalloc(((size_t)n + 1) * sizeof(int32_t));
         self->next = PyMem_RawMalloc(((size_t)n + 1) * sizeof(int32_t));
     }
-    if (self->ref == NULL || (queue && (self->prev == NULL || self->next == NULL))) {
+    if (self->ref == NULL || self->id_objects == NULL ||
+        (queue && (self->prev == NULL || self->next == NULL))) {
         PyErr_NoMemory();
         return -1;
     }
     self->n = n;
+    self->num_id_slots = id_slots;
     self->stride = sizeof(int32_t);
     /* A fresh queue holds every block in id order, as the Python one. */
     for (Py_ssize_t block = 0; queue && block <= n; block++) {
@@ -725,13 +742,34 @@ prefetch_match(Core *self, PyObject **hashes, Py_ssize_t at, Py_ssize_t stop,
     }
 }
 
+/* A new reference to the int of ``block`` (a block id of this core): the
+ * one the core keeps for it, made on first use, below ID_OBJECTS_MAX. */
+static PyObject *
+block_object(Core *self, int32_t block)
+{
+    if (block >= self->num_id_slots) {
+        return PyLong_FromLong(block);
+    }
+    PyObject *object = self->id_objects[block];
+    if (object == NULL) {
+        object = PyLong_FromLong(block);
+        if (object == NULL) {
+            return NULL;
+        }
+        self->id_objects[block] = object; /* the core's own reference */
+        self->num_id_objects++;
+    }
+    Py_INCREF(object);
+    return object;
+}
+
 /* A list of the ``count`` block ids at ``ids``, ``stride`` apart. */
 static PyObject *
-id_list(const int32_t *ids, Py_ssize_t count, Py_ssize_t stride)
+id_list(Core *self, const int32_t *ids, Py_ssize_t count, Py_ssize_t stride)
 {
     PyObject *list = PyList_New(count);
     for (Py_ssize_t i = 0; list != NULL && i < count; i++) {
-        PyObject *block = PyLong_FromLong(ids[i * stride]);
+        PyObject *block = block_object(self, ids[i * stride]);
         if (block == NULL) {
             Py_CLEAR(list);
             break;
@@ -783,7 +821,7 @@ match_digests(Core *self, PyObject **hashes, Py_ssize_t start, Py_ssize_t stop,
     Py_ssize_t run = run_of_digests(self, hashes, start, stop, groups, width, found);
     PyObject *out = PyTuple_New(width);
     for (Py_ssize_t g = 0; out != NULL && g < width; g++) {
-        PyObject *hits = id_list(found + g, run, width);
+        PyObject *hits = id_list(self, found + g, run, width);
         if (hits == NULL) {
             Py_CLEAR(out);
             break;
@@ -848,7 +886,7 @@ Core_map_get(Core *self, PyObject *args)
     if (block < 0) {
         Py_RETURN_NONE;
     }
-    return PyLong_FromLong(block);
+    return block_object(self, block);
 }
 
 /* map[group][key] = block: the block takes the key's digest (it must carry no
@@ -960,7 +998,7 @@ pop_head(Core *self, Py_ssize_t count)
     }
     for (Py_ssize_t i = 0; i < count; i++) {
         int32_t block = self->next[sentinel];
-        PyObject *item = block == sentinel ? NULL : PyLong_FromLong(block);
+        PyObject *item = block == sentinel ? NULL : block_object(self, block);
         if (item == NULL) {
             /* Give back what was popped (the caller promised enough blocks). */
             for (Py_ssize_t j = i - 1; j >= 0; j--) {
@@ -1230,7 +1268,7 @@ Core_queued(Core *self, PyObject *unused)
             PyErr_SetString(PyExc_RuntimeError, "the native free queue has a cycle");
             return NULL;
         }
-        PyObject *item = PyLong_FromLong(block);
+        PyObject *item = block_object(self, block);
         if (item == NULL || PyList_Append(out, item) < 0) {
             Py_XDECREF(item);
             Py_DECREF(out);
@@ -1276,7 +1314,7 @@ evict_entry(Core *self, int32_t block, PyObject *hash, PyObject *map, PyObject *
     if (PyDict_DelItem(map, hash) < 0) {
         return -1;
     }
-    PyObject *item = PyLong_FromLong(block);
+    PyObject *item = block_object(self, block);
     if (item == NULL) {
         return -1;
     }
@@ -1971,6 +2009,12 @@ kv_core_adopt(PyObject *core, PyObject *blocks)
     return Core_adopt_blocks((Core *)core, blocks);
 }
 
+PyObject *
+kv_core_block_object(PyObject *core, int32_t block)
+{
+    return block_object((Core *)core, block);
+}
+
 void
 kv_core_set_journal(PyObject *core, PyObject *journal)
 {
@@ -2397,6 +2441,12 @@ Core_get_nbytes(Core *self, void *closure)
     return PyLong_FromSize_t(links * sizeof(int32_t) + (self->keyed ? dt_nbytes(&self->map) : 0));
 }
 
+static PyObject *
+Core_get_id_objects(Core *self, void *closure)
+{
+    return Py_BuildValue("(nn)", self->num_id_objects, self->num_id_slots);
+}
+
 static int
 Core_getbuffer(Core *self, Py_buffer *view, int flags)
 {
@@ -2442,6 +2492,8 @@ static PyGetSetDef Core_getset[] = {
      "Blocks carrying a hash (the digest form).", NULL},
     {"nbytes", (getter)Core_get_nbytes, NULL,
      "Bytes of the core's arrays: counts, queue links and the digest map.", NULL},
+    {"id_objects", (getter)Core_get_id_objects, NULL,
+     "(held, slots): block-id int objects the core keeps, and the slots for them.", NULL},
     {NULL},
 };
 

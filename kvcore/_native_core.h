@@ -27,4 +27,9 @@ PyObject *kv_core_drop(PyObject *core, PyObject *blocks);
 PyObject *kv_core_adopt(PyObject *core, PyObject *blocks);
 void kv_core_set_journal(PyObject *core, PyObject *journal);
 
+/* A new reference to the int object of ``block``, a block id of ``core``
+ * (the one the core keeps for it where it keeps one), or NULL with an
+ * exception. */
+PyObject *kv_core_block_object(PyObject *core, int32_t block);
+
 #endif

@@ -179,12 +179,15 @@ journal_step(ValueQueue *q, PyObject **method, const char *name, PyObject *argum
     return failed ? -1 : 0;
 }
 
+/* A list of the ``count`` block ids at ``ids``: the int objects its core
+ * keeps for them, where the queue drives one. */
 static PyObject *
-id_list(const int32_t *ids, Py_ssize_t count)
+id_list(ValueQueue *q, const int32_t *ids, Py_ssize_t count)
 {
     PyObject *out = PyList_New(count);
     for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
-        PyObject *item = PyLong_FromLong(ids[i]);
+        PyObject *item = q->core != NULL ? kv_core_block_object(q->core, ids[i])
+                                         : PyLong_FromLong(ids[i]);
         if (item == NULL) {
             Py_CLEAR(out);
             break;
@@ -435,7 +438,7 @@ VQ_take(ValueQueue *q, PyObject *arg)
         }
         taken += run;
     }
-    PyObject *blocks = failed ? NULL : id_list(out, taken);
+    PyObject *blocks = failed ? NULL : id_list(q, out, taken);
     if (blocks != NULL && journal_step(q, &q->undo_release, "release", blocks) < 0) {
         Py_CLEAR(blocks);
     }
@@ -713,7 +716,7 @@ journal_forget(ValueQueue *q, const int32_t *ids, Py_ssize_t count)
             nonnull[kept++] = ids[i];
         }
     }
-    PyObject *undo = id_list(nonnull, kept);
+    PyObject *undo = id_list(q, nonnull, kept);
     free_ids(nonnull, local);
     int failed = undo == NULL || journal_step(q, &q->undo_forget, "forget", undo) < 0;
     Py_XDECREF(undo);

@@ -306,3 +306,29 @@ def test_a_release_queues_the_blocks_it_freed_and_counts_them() -> None:
     assert policy_core.drop_blocks(some) == []
     assert policy_core.drop_blocks((2,)) == [2]  # a tuple in, a list out
     assert list(memoryview(policy_core)) == [1, 0, 0, 0, 0, 0]
+
+
+def test_the_core_keeps_one_int_object_per_block_id_below_its_cap() -> None:
+    """A block handed out again is the same int object; ids from 2**20 on are made anew."""
+    require_native()
+    from kvcore import _native  # type: ignore[attr-defined]
+
+    core = _native.Core(1000, DoubleFreeError)
+    core.bind([None] * 1000, [{}], [{}], bytearray(1000))
+    assert core.id_objects == (0, 1000)
+    first = core.take_blocks(600, False, None, None)
+    assert core.id_objects == (600, 1000)
+    core.release_blocks(first[::-1])  # block 0 stands for the null block: skipped
+    again = core.take_blocks(999, False, None, None)  # 600..999 fresh, then the freed ones
+    assert again == [*range(600, 1000), *range(599, 0, -1)]
+    assert all(a is b for a, b in zip(again[400:], first[:0:-1], strict=True))
+    assert core.id_objects == (1000, 1000)
+
+    cap = 2**20
+    large = _native.Core(cap + 2, DoubleFreeError)
+    large.bind([None] * (cap + 2), [{}], [{}], bytearray(cap + 2))
+    taken = large.take_blocks(cap + 2, False, None, None)
+    assert taken[-2:] == [cap, cap + 1]
+    assert large.id_objects == (cap, cap)
+    large.release_blocks(taken[-2:])
+    assert large.take_blocks(2, False, None, None) == [cap, cap + 1]
