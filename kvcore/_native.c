@@ -17,8 +17,9 @@
  *     (the digests kvcore's "sha256" and "xxh3_128" hashers make), or with
  *     int keys an int of 64 bits (the "fast" hasher's, kept as 8 bytes); the map
  *     is a DigestTable (kvcore/_digest_table.c): the digest per block in one
- *     byte array and an open-addressing table of block ids. No Python object
- *     is kept per cached block. The duplicates (rare) stay a Python dict per
+ *     byte array and an open-addressing table of block ids. The map keeps no
+ *     Python object per cached block (block ids' ints are kept apart, see
+ *     ID_OBJECTS_MAX). The duplicates (rare) stay a Python dict per
  *     group, hash -> later blocks, and the group of each block the pool's
  *     bytearray.
  *   objects (bind): block hashes are any hashable; the map stays in the

@@ -29,7 +29,8 @@ of that width, as kvcore's ``"sha256"`` and ``"xxh3_128"`` hashers make) or
 ``int_hashes`` (every hash an int of 64 bits, as the ``"fast"`` hasher makes;
 kept as 8-byte keys), both of which the KV cache manager passes, the map
 moves to C as well: each block's digest in one byte array and an
-open-addressing table of block ids, no Python object per cached block
+open-addressing table of block ids, no Python object per cached block but
+the block id's int, which the core keeps for ids below 2**20
 (:mod:`kvcore._native_views` shows it to the specification's code as the
 list and dicts it expects). Without either, block hashes are any hashable
 and the map stays the Python pool's containers (the per-block hash list, the
