@@ -319,8 +319,7 @@ class KVCacheManager:
             InvalidRequestError: a token id is not a 64-bit integer.
             ConcurrentUseError: another thread is inside this manager.
         """
-        if not self._busy.acquire(False):  # positional: no keyword dict per call
-            raise _called_from_two_threads()
+        self._enter()
         try:
             return self._lookup(request)
         finally:
@@ -415,7 +414,8 @@ class KVCacheManager:
             and self._decode_step_is_steady(request, num_new_tokens, num_lookahead_tokens)
         ):
             return self.empty_kv_cache_blocks
-        if not self._busy.acquire(False):  # positional: no keyword dict per call
+        # Inline rather than self._enter(): this call runs on every engine step.
+        if not self._busy.acquire(False):
             raise _called_from_two_threads()
         try:
             return self._allocate(
@@ -723,6 +723,11 @@ class KVCacheManager:
         )
         raise InvalidRequestError(msg)
 
+    def _enter(self) -> None:
+        """Hold the manager for this call, or refuse a call from a second thread."""
+        if not self._busy.acquire(False):  # positional: no keyword dict per call
+            raise _called_from_two_threads()
+
     # -- freeing and caching ----------------------------------------------------------
 
     def free(self, request: Request) -> None:
@@ -743,8 +748,7 @@ class KVCacheManager:
             if owner is None:
                 return
             raise _foreign(request)
-        if not self._busy.acquire(False):  # positional: no keyword dict per call
-            raise _called_from_two_threads()
+        self._enter()
         try:
             with self._transaction:
                 self.coordinator.free(request.request_id)
@@ -784,8 +788,7 @@ class KVCacheManager:
             )
             raise InvalidRequestError(msg)
         self._check_slots(request.request_id, num_computed_tokens, "num_computed_tokens")
-        if not self._busy.acquire(False):  # positional: no keyword dict per call
-            raise _called_from_two_threads()
+        self._enter()
         try:
             self._hasher.update(request)
             with self._transaction:
@@ -819,8 +822,7 @@ class KVCacheManager:
             self._check_slots(request_id, total_computed_tokens, "total_computed_tokens")
         if not self.coordinator.windowed:
             return
-        if not self._busy.acquire(False):  # positional: no keyword dict per call
-            raise _called_from_two_threads()
+        self._enter()
         try:
             with self._transaction:
                 self.coordinator.remove_skipped_blocks(request_id, total_computed_tokens)

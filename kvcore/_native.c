@@ -65,10 +65,10 @@ typedef struct {
     Py_ssize_t num_id_objects;   /* how many of those slots hold an object */
 } Core;
 
-/* Block ids below this keep one int object each for the core's lifetime (at
- * most 8 + 32 bytes an id, 40 MiB a pool): a table handed out and freed then
- * neither allocates nor frees an int per block. Larger ids get a new int
- * each time, as before. */
+/* Block ids below this keep one int object each for the core's lifetime (an
+ * 8-byte slot and a 32-byte allocation an id at most, 40 MiB a pool): a table
+ * handed out and freed then neither allocates nor frees an int per block.
+ * Larger ids get a new int each time, as before. */
 #define ID_OBJECTS_MAX ((Py_ssize_t)1 << 20)
 
 static PyTypeObject CoreType;
