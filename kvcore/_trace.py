@@ -7,10 +7,10 @@ Two line formats are read, told apart per line by their fields:
     "hash_ids": [46, 47, 48, 2353]}``: an arrival time in milliseconds, the
     prompt and output lengths, and one hash id per 512 prompt tokens, equal
     ids meaning equal content. The traces carry no token ids, so tokens are
-    synthesised deterministically: hash id ``h`` expands to tokens
-    ``h * 512 + i`` for ``i`` in ``0..511``, cut to ``input_length``. Equal ids
-    give equal tokens and different ids different tokens at every position,
-    so prefix sharing is exactly that of the trace.
+    synthesised deterministically: hash id ``h`` expands to 512 tokens that
+    are all ``h``, cut to ``input_length``. Equal ids give equal tokens and
+    different ids different tokens at every position, so prefix sharing is
+    exactly that of the trace at every block size.
 *Explicit tokens* (``prompt_token_ids``)
     ``{"timestamp": 0, "prompt_token_ids": [1, 2, 3], "output_length": 8}``:
     the prompt's token ids (integers >= 0) given in full.
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from itertools import repeat
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -53,8 +54,8 @@ __all__ = [
 MOONCAKE_BLOCK_TOKENS = 512
 #: Token ids are signed 64-bit integers (what the sha256 block hash packs).
 _MAX_TOKEN_ID = 2**63 - 1
-#: Hash ids whose synthesised token ids stay within that range.
-_MAX_HASH_ID = (_MAX_TOKEN_ID + 1) // MOONCAKE_BLOCK_TOKENS - 1
+#: The largest hash id: a synthesised token id is its block's hash id.
+_MAX_HASH_ID = _MAX_TOKEN_ID
 #: Characters a trace line may have (a request with some 8 M explicit token ids).
 MAX_LINE_CHARS = 64 << 20
 # Characters read at a time: a line longer than this must start as a JSON object.
@@ -123,14 +124,18 @@ class Trace:
 
 
 def mooncake_token_ids(hash_ids: tuple[int, ...] | list[int], input_length: int) -> list[int]:
-    """Expand Mooncake hash ids into ``input_length`` deterministic token ids."""
+    """Expand Mooncake hash ids into ``input_length`` token ids: each id over its 512 tokens.
+
+    The token at position ``p`` is ``hash_ids[p // 512]``. Two prompts then
+    have equal token prefixes exactly as far as their hash ids agree (to the
+    token), so every block size sees the trace's own prefix sharing. A
+    prompt holds one integer object per hash id rather than one per token:
+    a replay of a long trace builds and frees some 150 M prompt tokens.
+    """
     tokens: list[int] = []
     extend = tokens.extend
-    for hash_id in hash_ids:
-        base = hash_id * MOONCAKE_BLOCK_TOKENS
-        extend(range(base, base + MOONCAKE_BLOCK_TOKENS))
-        if len(tokens) >= input_length:
-            break
+    for hash_id in hash_ids[: -(-input_length // MOONCAKE_BLOCK_TOKENS)]:
+        extend(repeat(hash_id, MOONCAKE_BLOCK_TOKENS))
     del tokens[input_length:]
     return tokens
 
@@ -257,8 +262,8 @@ def _hashes_request(record: dict[str, Any], **common: Any) -> TraceRequest:
     largest = max(hash_ids, default=0)
     if largest > _MAX_HASH_ID:
         msg = (
-            f"hash id {largest} is too large: its token ids pass 2**63 - 1; hash ids "
-            f"must be below {_MAX_HASH_ID + 1}"
+            f"hash id {largest} is too large: it is the token id of its 512 tokens, "
+            f"and token ids are signed 64-bit integers (at most {_MAX_HASH_ID})"
         )
         raise _BadLineError(msg)
     covered = len(hash_ids) * MOONCAKE_BLOCK_TOKENS

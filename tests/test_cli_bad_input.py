@@ -58,14 +58,25 @@ def test_deeply_nested_json_is_a_bad_line_to_skip(tmp_path, capsys):
     assert report["workload"]["bad_lines"] == 1
 
 
+def test_the_largest_hash_id_is_a_valid_token_id(tmp_path, capsys):
+    trace = write(
+        tmp_path,
+        "largest.jsonl",
+        record(timestamp=0, input_length=40, output_length=2, hash_ids=[2**63 - 1]),
+    )
+    assert main([*SIMULATE, "--trace", trace, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["workload"]["requests"] == 1
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
         # With sha256 the synthesised token ids overflowed a raw struct.error.
         (
-            {"input_length": 600, "output_length": 2, "hash_ids": [7, 2**54]},
-            r"hash id 18014398509481984 is too large: its token ids pass 2\*\*63 - 1; "
-            r"hash ids must be below 18014398509481984",
+            {"input_length": 600, "output_length": 2, "hash_ids": [7, 2**63]},
+            r"hash id 9223372036854775808 is too large: it is the token id of its 512 "
+            r"tokens, and token ids are signed 64-bit integers \(at most 9223372036854775807\)",
         ),
         (
             {"input_length": 40, "output_length": 2, "hash_ids": [2**63]},

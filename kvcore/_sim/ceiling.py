@@ -71,7 +71,7 @@ def _token_prefix_hits(tokens_per_request: Iterable[Sequence[int]], block_size: 
 def _mooncake_prefix_hits(requests: Iterable[TraceRequest], block_size: int) -> list[int]:
     """Hits from hash ids alone: a trie of 512-token chunks with the longest fill seen.
 
-    A chunk's tokens are ``h * 512 + i``, so two prompts agree on a chunk's
+    A chunk's tokens are all ``h``, so two prompts agree on a chunk's
     first ``min(fill_a, fill_b)`` tokens when they share the chunk's id and
     every id before it, and on nothing of it otherwise. This walks ~24 ids
     per request instead of ~750 blocks of tokens.

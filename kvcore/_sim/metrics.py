@@ -13,8 +13,13 @@ from __future__ import annotations
 import time
 from array import array
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import attrs
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 __all__ = [
     "OP_KINDS",
@@ -22,6 +27,7 @@ __all__ = [
     "OpTimes",
     "Sample",
     "Sampler",
+    "first_interval",
     "percentile",
     "timer_overhead_ns",
 ]
@@ -41,9 +47,23 @@ def timer_overhead_ns(rounds: int = 2001) -> int:
     return gaps[len(gaps) // 2]
 
 
-def percentile(sorted_values: Sequence[int] | Sequence[float], fraction: float) -> float:
+def first_interval(min_steps: int, capacity: int) -> int:
+    """The largest power of two ``i`` with ``i × capacity <= min_steps`` (at least 1).
+
+    A :class:`Sampler` started at that interval, in a run known to take at
+    least ``min_steps`` steps, keeps the same samples as one started at 1.
+    """
+    interval = 1
+    while 2 * interval * capacity <= min_steps:
+        interval *= 2
+    return interval
+
+
+def percentile(
+    sorted_values: Sequence[int] | Sequence[float] | NDArray[np.int64], fraction: float
+) -> float:
     """The ``fraction`` quantile (nearest rank) of already sorted values; 0.0 if empty."""
-    if not sorted_values:
+    if not len(sorted_values):
         return 0.0
     rank = min(len(sorted_values) - 1, max(0, round(fraction * len(sorted_values)) - 1))
     return float(sorted_values[rank])
@@ -78,9 +98,13 @@ class OpTimes:
 
     def summary(self) -> OpSummary:
         """Count, total (ms) and mean / p50 / p99 (µs)."""
-        values = sorted(self.durations)
+        # numpy sorts the machine integers in place: a long replay times some
+        # 4 M decode calls, and sorted() would make an int object of each.
+        import numpy as np
+
+        values = np.sort(np.frombuffer(self.durations, dtype=np.int64))
         count = len(values)
-        total = sum(values)
+        total = int(values.sum())
         return OpSummary(
             count=count,
             total_ms=total / 1e6,
@@ -125,14 +149,24 @@ class Sampler:
     distinct blocks per group walks every block table), so a sample is taken
     every ``interval`` steps; when the buffer is full, every other sample is
     dropped and the interval doubles. The samples stay evenly spaced and the
-    total cost is O(capacity × log(steps)).
+    total cost is O(capacity × log(steps / interval)).
+
+    Args:
+        capacity: Most samples kept.
+        interval: The first interval, a power of two. A run of at least
+            ``interval × capacity`` steps keeps exactly the samples it would
+            keep from an interval of 1, without taking the ones dropped on
+            the way (see :func:`first_interval`).
     """
 
     __slots__ = ("capacity", "interval", "samples")
 
-    def __init__(self, capacity: int = 512) -> None:
+    def __init__(self, capacity: int = 512, interval: int = 1) -> None:
+        if interval < 1 or interval & (interval - 1):
+            msg = f"interval must be a power of two, got {interval}"
+            raise ValueError(msg)
         self.capacity = capacity
-        self.interval = 1
+        self.interval = interval
         self.samples: list[Sample] = []
 
     def wants(self, step: int) -> bool:

@@ -43,7 +43,14 @@ import attrs
 
 from kvcore._kv_cache_manager import KVCacheManager
 from kvcore._request import Request
-from kvcore._sim.metrics import OP_KINDS, OpTimes, Sample, Sampler, timer_overhead_ns
+from kvcore._sim.metrics import (
+    OP_KINDS,
+    OpTimes,
+    Sample,
+    Sampler,
+    first_interval,
+    timer_overhead_ns,
+)
 from kvcore._trace import TraceRequest
 from kvcore._two_level_pool import TwoLevelBlockPool
 from kvcore.errors import InvalidConfigError
@@ -206,8 +213,11 @@ class Scheduler:
         self.step_count = 0
         self.num_finished = 0
         self.op_times = [OpTimes() for _ in OP_KINDS]
+        self._durations = [times.durations for times in self.op_times]
         self.step_manager_ns: list[int] = []
-        self.sampler = Sampler(sample_capacity)
+        self.sampler = Sampler(
+            sample_capacity, first_interval(self._min_steps(requests, config), sample_capacity)
+        )
         self.timer_overhead_ns = timer_overhead_ns()
         # Preemption accounting.
         self.num_preemptions = 0
@@ -240,6 +250,15 @@ class Scheduler:
         if config.arrival == "asap":
             self.waiting.extend(self.pending)
             self.pending.clear()
+
+    @staticmethod
+    def _min_steps(requests: Sequence[SimRequest], config: SchedulerConfig) -> int:
+        """Steps the run takes at least.
+
+        A request samples at most one token per step it is in, and a step
+        holds at most ``max_num_seqs`` requests.
+        """
+        return sum(entry.output_target for entry in requests) // config.max_num_seqs
 
     # -- one step ---------------------------------------------------------------------
 
@@ -288,32 +307,64 @@ class Scheduler:
         return result
 
     def _schedule_running(self, step: _Step) -> None:
-        """Give every running request its next tokens, preempting the newest when full."""
+        """Give every running request its next tokens, preempting the newest when full.
+
+        The loop runs once per running request per step (millions of times
+        in a long replay), so it times the allocation inline rather than
+        through :meth:`_timed`; the measured interval is the same.
+        """
         running = self.running
         allocate = self.manager.allocate_slots
+        clock = time.perf_counter_ns
+        overhead = self.timer_overhead_ns
+        durations = self._durations
+        scheduled = step.scheduled
+        budget = step.budget
+        manager_ns = 0
+        only_decodes = True
         index = 0
-        while index < len(running) and step.budget > 0:
+        while index < len(running) and budget > 0:
             entry = running[index]
             request = entry.request
             assert request is not None
             num_new = request.num_tokens - request.num_computed_tokens
             kind = _DECODE if num_new == 1 and entry.num_output else _PREFILL
-            step.only_decodes = step.only_decodes and kind == _DECODE
-            if num_new > step.budget:  # not min(): see the note in kvcore.managers
-                num_new = step.budget
-            while True:
-                blocks = self._timed(kind, step, allocate, request, num_new)
-                if blocks is not None:
-                    break
-                victim = running.pop()
-                step.manager_ns += self._preempt(victim, self.op_times[_PREEMPT].durations)
-                step.preempted = True
-                if victim is entry:
-                    break
+            only_decodes = only_decodes and kind == _DECODE
+            if num_new > budget:  # not min(): see the note in kvcore.managers
+                num_new = budget
+            start = clock()
+            blocks = allocate(request, num_new)
+            elapsed = clock() - start - overhead
+            durations[kind].append(elapsed)
+            manager_ns += elapsed
             if blocks is None:
-                return
-            step.schedule(entry, num_new)
+                step.manager_ns += manager_ns
+                manager_ns = 0
+                if not self._preempt_until_fits(step, entry, kind, num_new):
+                    break
+            scheduled.append((entry, num_new))
+            budget -= num_new
             index += 1
+        step.budget = budget
+        step.manager_ns += manager_ns
+        step.only_decodes = only_decodes
+
+    def _preempt_until_fits(self, step: _Step, entry: SimRequest, kind: int, num_new: int) -> bool:
+        """Preempt the newest running requests until ``entry`` gets its slots.
+
+        Returns False if ``entry`` had to preempt itself (it is then waiting).
+        """
+        running = self.running
+        request = entry.request
+        assert request is not None
+        while True:
+            victim = running.pop()
+            step.manager_ns += self._preempt(victim, self.op_times[_PREEMPT].durations)
+            step.preempted = True
+            if victim is entry:
+                return False
+            if self._timed(kind, step, self.manager.allocate_slots, request, num_new) is not None:
+                return True
 
     def _schedule_waiting(self, step: _Step) -> None:
         """Admit waiting requests, head first, while they fit the budget and the pool."""
@@ -361,15 +412,16 @@ class Scheduler:
 
     def _run(self, step: _Step) -> None:
         """Run the step: advance computed tokens, sample, free the finished requests."""
-        free = self.manager.free
-        finished = False
+        finished: list[SimRequest] = []
+        num_tokens = 0
+        has_prefill = False
         for entry, num_new in step.scheduled:
             request = entry.request
             assert request is not None
-            step.num_tokens += num_new
+            num_tokens += num_new
+            has_prefill = has_prefill or num_new > 1
             computed = request.num_computed_tokens + num_new
             request.num_computed_tokens = computed
-            step.has_prefill = step.has_prefill or num_new > 1
             if computed < request.num_tokens:
                 continue  # a prefill chunk that does not reach the end yet
             if entry.num_output < entry.output_target:
@@ -377,13 +429,21 @@ class Scheduler:
                 self._next_token -= 1
                 entry.num_output += 1
             if entry.num_output >= entry.output_target:
-                self._timed(_FREE, step, free, request)
-                entry.finished = True
-                entry.request = None
-                finished = True
+                finished.append(entry)
+        step.num_tokens = num_tokens
+        step.has_prefill = has_prefill
         if finished:
-            self.running = [e for e in self.running if not e.finished]
-            self.num_finished += sum(1 for e, _ in step.scheduled if e.finished)
+            self._finish(step, finished)
+
+    def _finish(self, step: _Step, finished: list[SimRequest]) -> None:
+        """Free the finished requests and drop them from the running list."""
+        free = self.manager.free
+        for entry in finished:
+            self._timed(_FREE, step, free, entry.request)
+            entry.finished = True
+            entry.request = None
+        self.running = [e for e in self.running if not e.finished]
+        self.num_finished += len(finished)
 
     def _account(self, step: _Step) -> None:
         """Count the step: its manager time, tokens, clock, and the pool's use."""

@@ -26,12 +26,18 @@ EXPLICIT = '{"prompt_token_ids": [1, 2, 3], "output_length": 2, "request_id": "x
 
 
 def test_mooncake_tokens_are_synthesised_from_hash_ids():
-    tokens = mooncake_token_ids([7, 9], 600)
-    assert len(tokens) == 600
-    assert tokens[:2] == [7 * 512, 7 * 512 + 1]
-    assert tokens[511] == 7 * 512 + 511
-    assert tokens[512:514] == [9 * 512, 9 * 512 + 1]
-    assert tokens[-1] == 9 * 512 + 87
+    tokens = mooncake_token_ids([7, 9, 11], 600)
+    assert tokens == [7] * 512 + [9] * 88  # the third id covers no token
+    assert mooncake_token_ids((5,), 1) == [5]
+
+
+def test_mooncake_prompts_share_a_token_prefix_as_far_as_their_hash_ids():
+    """At every block size a shared prefix ends where the hash ids first differ."""
+    first = mooncake_token_ids([3, 4, 8], 1500)
+    second = mooncake_token_ids([3, 4, 9], 1500)
+    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=True)) if a != b)
+    assert shared == 1024
+    assert mooncake_token_ids([3, 4], 1024) == first[:1024]
 
 
 def test_both_formats_mixed_in_one_file(tmp_path):
