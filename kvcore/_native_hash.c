@@ -7,7 +7,8 @@
  *   chain_sha256  digest_i = SHA-256(digest_{i-1} || ids of block i as
  *                 little-endian int64), 32 bytes each;
  *   chain_fast    hash_i = hash((hash_{i-1}, tuple(ids of block i))), the
- *                 interpreter's own tuple hash, so identical by construction.
+ *                 interpreter's own tuple hash, computed on the packed ids
+ *                 where import checked that the formulas hold (below).
  *
  * Both take (tokens, start, count, size, parent, out): the ids
  * tokens[start : start + count * size] form count blocks of size ids, parent
@@ -193,6 +194,69 @@ chain_sha256(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return Py_XNewRef(result);
 }
 
+/* -- chain_fast ------------------------------------------------------------
+ *
+ * The value is hash((parent, tuple(ids))), which CPython computes with its
+ * tuple hash (an xxHash-style lane per item, since 3.8) over the hashes of
+ * the items, an int's hash being its value modulo 2^61 - 1 with the sign
+ * kept. The ids are exact int64s, so both steps are done here on the packed
+ * ids: no tuple, no int object per block but its result. The module checks
+ * at import that these formulas give the interpreter's own values (see
+ * check_fast_formulas); where they do not (another interpreter, a 32-bit
+ * hash) chain_fast builds the tuples and asks the interpreter instead. */
+
+#if SIZEOF_PY_HASH_T == 8
+#define XXPRIME_1 ((Py_uhash_t)11400714785074694791ULL)
+#define XXPRIME_2 ((Py_uhash_t)14029467366897019727ULL)
+#define XXPRIME_5 ((Py_uhash_t)2870177450012600261ULL)
+#define INT_HASH_MODULUS (((uint64_t)1 << 61) - 1)
+
+/* The hash of the Python int ``value``. */
+static inline Py_hash_t
+int64_hash(int64_t value)
+{
+    uint64_t magnitude = value < 0 ? (uint64_t)0 - (uint64_t)value : (uint64_t)value;
+    /* 2^61 is 1 modulo 2^61 - 1: fold the top three bits onto the rest. */
+    uint64_t folded = (magnitude & INT_HASH_MODULUS) + (magnitude >> 61);
+    if (folded >= INT_HASH_MODULUS)
+        folded -= INT_HASH_MODULUS;
+    Py_hash_t hash = (Py_hash_t)folded;
+    if (value < 0)
+        hash = -hash;
+    return hash == -1 ? -2 : hash;
+}
+
+static inline Py_uhash_t
+tuple_lane(Py_uhash_t acc, Py_hash_t item_hash)
+{
+    acc += (Py_uhash_t)item_hash * XXPRIME_2;
+    acc = (acc << 31) | (acc >> 33);
+    return acc * XXPRIME_1;
+}
+
+static inline Py_hash_t
+tuple_finish(Py_uhash_t acc, Py_ssize_t length)
+{
+    acc += (Py_uhash_t)length ^ (XXPRIME_5 ^ 3527539UL);
+    return acc == (Py_uhash_t)-1 ? 1546275796 : (Py_hash_t)acc;
+}
+
+/* hash((parent, tuple(ids[0:size]))) for a parent whose hash is parent_hash. */
+static Py_hash_t
+fast_formula(Py_hash_t parent_hash, const int64_t *ids, Py_ssize_t size)
+{
+    Py_uhash_t block = XXPRIME_5;
+    for (Py_ssize_t i = 0; i < size; i++)
+        block = tuple_lane(block, int64_hash(ids[i]));
+    Py_uhash_t pair = tuple_lane(XXPRIME_5, parent_hash);
+    pair = tuple_lane(pair, tuple_finish(block, size));
+    return tuple_finish(pair, 2);
+}
+#endif
+
+/* Whether fast_formula is the interpreter's hash here; set at import. */
+static int fast_formulas_hold = 0;
+
 /* hash((parent, tuple(items[0:size]))) as an int, or NULL with an exception. */
 static PyObject *
 fast_one(PyObject *parent, PyObject **items, Py_ssize_t size)
@@ -211,6 +275,72 @@ fast_one(PyObject *parent, PyObject **items, Py_ssize_t size)
     return hash == -1 && PyErr_Occurred() ? NULL : PyLong_FromSsize_t(hash);
 }
 
+/* The chain through the interpreter's tuple hash: 1, or -1 with an exception
+ * and ``out`` as it was. */
+static int
+fast_chain_by_tuples(ChainArgs *a)
+{
+    /* The blocks are built from a copy: an allocation below may run the
+     * collector, whose finalizers could change the request's own list. */
+    PyObject *copy = PyList_GetSlice(a->tokens, a->start, a->start + a->count * a->size);
+    if (copy == NULL)
+        return -1;
+    Py_ssize_t before = PyList_GET_SIZE(a->out);
+    PyObject *parent = Py_NewRef(a->parent);
+    int result = 1;
+    for (Py_ssize_t i = 0; i < a->count; i++) {
+        PyObject *hash = fast_one(parent, PySequence_Fast_ITEMS(copy) + a->size * i, a->size);
+        Py_DECREF(parent);
+        parent = hash;
+        if (hash == NULL || PyList_Append(a->out, hash) < 0) {
+            PyList_SetSlice(a->out, before, PyList_GET_SIZE(a->out), NULL);
+            result = -1;
+            break;
+        }
+    }
+    Py_XDECREF(parent);
+    Py_DECREF(copy);
+    return result;
+}
+
+#if SIZEOF_PY_HASH_T == 8
+/* The chain through fast_formula on the packed ids: 1, 0 when an id is not
+ * an exact int64 (nothing appended, no exception), or -1 with an exception
+ * and ``out`` as it was. Nothing allocated runs between reading the ids and
+ * the last hash, so the token list cannot change under the loop. */
+static int
+fast_chain_by_formula(ChainArgs *a)
+{
+    Py_ssize_t n = a->count * a->size;
+    Py_hash_t parent_hash = PyObject_Hash(a->parent); /* an exact int: cannot fail */
+    int64_t *ids = PyMem_RawMalloc(sizeof(int64_t) * (size_t)(n + a->count));
+    if (ids == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_hash_t *hashes = (Py_hash_t *)(ids + n);
+    PyObject **items = PySequence_Fast_ITEMS(a->tokens) + a->start;
+    int result = 1;
+    for (Py_ssize_t i = 0; i < n && result; i++)
+        result = exact_int64(items[i], &ids[i]);
+    for (Py_ssize_t i = 0; i < a->count && result; i++) {
+        hashes[i] = fast_formula(parent_hash, ids + a->size * i, a->size);
+        parent_hash = int64_hash(hashes[i]);
+    }
+    Py_ssize_t before = PyList_GET_SIZE(a->out);
+    for (Py_ssize_t i = 0; i < a->count && result > 0; i++) {
+        PyObject *hash = PyLong_FromSsize_t(hashes[i]);
+        if (hash == NULL || PyList_Append(a->out, hash) < 0) {
+            PyList_SetSlice(a->out, before, PyList_GET_SIZE(a->out), NULL);
+            result = -1;
+        }
+        Py_XDECREF(hash);
+    }
+    PyMem_RawFree(ids);
+    return result;
+}
+#endif
+
 static PyObject *
 chain_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -219,29 +349,70 @@ chain_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (parsed <= 0)
         return parsed < 0 ? NULL : Py_NewRef(Py_False);
     /* A parent of another type could run Python code when hashed. */
-    if (!PyLong_CheckExact(a.parent)
-        || !pack_ids(PySequence_Fast_ITEMS(a.tokens) + a.start, a.count * a.size, NULL))
+    if (!PyLong_CheckExact(a.parent))
         Py_RETURN_FALSE;
-    /* The blocks are built from a copy: an allocation below may run the
-     * collector, whose finalizers could change the request's own list. */
-    PyObject *copy = PyList_GetSlice(a.tokens, a.start, a.start + a.count * a.size);
-    if (copy == NULL)
-        return NULL;
-    Py_ssize_t before = PyList_GET_SIZE(a.out);
-    PyObject *parent = Py_NewRef(a.parent), *result = Py_True;
-    for (Py_ssize_t i = 0; i < a.count; i++) {
-        PyObject *hash = fast_one(parent, PySequence_Fast_ITEMS(copy) + a.size * i, a.size);
-        Py_DECREF(parent);
-        parent = hash;
-        if (hash == NULL || PyList_Append(a.out, hash) < 0) {
-            PyList_SetSlice(a.out, before, PyList_GET_SIZE(a.out), NULL);
-            result = NULL;
-            break;
+    int result;
+#if SIZEOF_PY_HASH_T == 8
+    if (fast_formulas_hold)
+        result = fast_chain_by_formula(&a);
+    else
+#endif
+        result = pack_ids(PySequence_Fast_ITEMS(a.tokens) + a.start, a.count * a.size, NULL)
+                     ? fast_chain_by_tuples(&a)
+                     : 0;
+    return result < 0 ? NULL : Py_NewRef(result ? Py_True : Py_False);
+}
+
+/* Set fast_formulas_hold: whether fast_formula gives the interpreter's
+ * hash((parent, tuple(ids))) on samples that reach every branch of the two
+ * hashes (negative ids and parents, the modulus and its neighbours, the
+ * extremes of int64, one and several ids). 0, or -1 with an exception. */
+static int
+check_fast_formulas(void)
+{
+#if SIZEOF_PY_HASH_T == 8
+    static const int64_t samples[] = {
+        0, 1, -1, -2, 7, 511, ((int64_t)1 << 61) - 2, ((int64_t)1 << 61) - 1,
+        (int64_t)1 << 61, -(((int64_t)1 << 61) - 1), INT64_MAX, INT64_MIN, 1546275796,
+    };
+    const Py_ssize_t count = (Py_ssize_t)(sizeof(samples) / sizeof(samples[0]));
+    int holds = 1;
+    for (Py_ssize_t size = 1; size <= count && holds; size += 3) {
+        for (Py_ssize_t p = 0; p < count && holds; p++) {
+            PyObject *parent = PyLong_FromLongLong(samples[p]);
+            PyObject *ids = PyTuple_New(size);
+            if (parent == NULL || ids == NULL) {
+                Py_XDECREF(parent);
+                Py_XDECREF(ids);
+                return -1;
+            }
+            for (Py_ssize_t i = 0; i < size; i++)
+                PyTuple_SET_ITEM(ids, i, PyLong_FromLongLong(samples[(p + i) % count]));
+            int64_t values[sizeof(samples) / sizeof(samples[0])];
+            for (Py_ssize_t i = 0; i < size; i++)
+                values[i] = samples[(p + i) % count];
+            PyObject *pair = PyTuple_Pack(2, parent, ids);
+            Py_hash_t expected = pair == NULL ? -1 : PyObject_Hash(pair);
+            Py_XDECREF(pair);
+            Py_DECREF(ids);
+            if (expected == -1 && PyErr_Occurred()) {
+                Py_DECREF(parent);
+                return -1;
+            }
+            holds = fast_formula(int64_hash(samples[p]), values, size) == expected &&
+                    PyObject_Hash(parent) == int64_hash(samples[p]);
+            Py_DECREF(parent);
         }
     }
-    Py_XDECREF(parent);
-    Py_DECREF(copy);
-    return Py_XNewRef(result);
+    fast_formulas_hold = holds;
+#endif
+    return 0;
+}
+
+static PyObject *
+fast_formulas_in_use(PyObject *module, PyObject *unused)
+{
+    return PyBool_FromLong(fast_formulas_hold);
 }
 
 static PyMethodDef native_hash_methods[] = {
@@ -251,6 +422,9 @@ static PyMethodDef native_hash_methods[] = {
     {"chain_fast", (PyCFunction)(void (*)(void))chain_fast, METH_FASTCALL,
      "chain_fast(tokens, start, count, size, parent, out) -> bool\n\n"
      "Append the chained hash((parent, tuple(block))) of count blocks of size token ids."},
+    {"fast_formulas_in_use", fast_formulas_in_use, METH_NOARGS,
+     "fast_formulas_in_use() -> bool\n\n"
+     "Whether chain_fast computes the interpreter's hashes itself (checked at import)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -265,5 +439,7 @@ static struct PyModuleDef native_hash_module = {
 PyMODINIT_FUNC
 PyInit__native_hash(void)
 {
+    if (check_fast_formulas() < 0)
+        return NULL;
     return PyModuleDef_Init(&native_hash_module);
 }

@@ -27,7 +27,12 @@ from kvcore._hashing import _NONE_HASH_FAST, NONE_HASH_SHA256
 from kvcore.hashing import BlockHasher
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-EDGES = [INT64_MIN, INT64_MIN + 1, -1, 0, 1, 255, 256, 2**31, 2**32, INT64_MAX - 1, INT64_MAX]
+# 2**61 - 1 is the modulus of an int's hash, which the compiled "fast" chain computes.
+MODULUS = 2**61 - 1
+EDGES = [
+    *(INT64_MIN, INT64_MIN + 1, -1, -2, 0, 1, 255, 256, 2**31, 2**32, INT64_MAX - 1, INT64_MAX),
+    *(MODULUS - 1, MODULUS, MODULUS + 1, -MODULUS, 2 * MODULUS + 3, 1546275796),
+]
 token_ids = st.one_of(st.integers(INT64_MIN, INT64_MAX), st.sampled_from(EDGES))
 REGISTRY = kvcore.load_registry(only=["full_attention"])
 BAD_IDS = [INT64_MAX + 1, INT64_MIN - 1, 2**200, "7", 1.0, None, b"\x01", [3]]
@@ -85,6 +90,14 @@ def test_the_compiled_chain_equals_the_python_hasher(
         for index, got in enumerate(requests[1].block_hashes):
             parent = hash((parent, tuple(tokens[index * block_size : (index + 1) * block_size])))
             assert got == parent
+
+
+def test_the_fast_chain_computes_the_interpreters_hash_itself_on_cpython() -> None:
+    """The import-time check passes here, so the tests above ran the formulas, not tuples."""
+    require_native_hashing()
+    import kvcore._native_hash as native_hash
+
+    assert native_hash.fast_formulas_in_use()
 
 
 def test_the_sha256_chain_of_the_int64_edges_by_hand() -> None:
