@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -173,6 +173,37 @@ class SimRequest:
         self.num_output = 0
         self.first_hit: int | None = None
         self.finished = False
+
+
+def held_per_group(
+    tables: Sequence[Mapping[str, Sequence[int]]], used: int | None = None
+) -> tuple[int, ...]:
+    """Distinct blocks (null block not counted) in each group's block tables.
+
+    Args:
+        tables: Per group, the block table of each request.
+        used: The shared pool's blocks in use, when every one of them is in
+            exactly one group's tables (a shared pool, between steps). The
+            group with the longest tables is then counted as ``used`` minus
+            the others, without a set of its blocks: the cost of a sample
+            is that of the small groups (a sliding window's few blocks per
+            request beside full attention's hundreds).
+    """
+    lengths = [sum(len(table) for table in group.values()) for group in tables]
+    derived = lengths.index(max(lengths)) if used is not None and lengths else None
+    counts = []
+    for index, group in enumerate(tables):
+        if index == derived:
+            counts.append(0)
+            continue
+        held: set[int] = set()
+        for table in group.values():
+            held.update(table)
+        held.discard(0)
+        counts.append(len(held))
+    if derived is not None and used is not None:
+        counts[derived] = used - sum(counts)
+    return tuple(counts)
 
 
 class Scheduler:
@@ -485,20 +516,14 @@ class Scheduler:
         return elapsed
 
     def _sample(self, used: int) -> Sample:
-        group_blocks = []
-        for group_manager in self.manager.coordinator.managers:
-            held: set[int] = set()
-            for table in group_manager.req_to_blocks.values():
-                held.update(table)
-            held.discard(0)
-            group_blocks.append(len(held))
         pool = self._pool
         pages = pool.pages if isinstance(pool, TwoLevelBlockPool) else None
+        tables = [manager.req_to_blocks for manager in self.manager.coordinator.managers]
         return Sample(
             step=self.step_count,
             time_s=self.clock_ms / 1000.0,
             used_blocks=used,
-            group_blocks=tuple(group_blocks),
+            group_blocks=held_per_group(tables, None if pages is not None else used),
             class_pages=tuple(pages.owned) if pages is not None else (),
             running=len(self.running),
             waiting=len(self.waiting),

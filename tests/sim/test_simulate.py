@@ -137,3 +137,45 @@ def test_a_plan_option_value_no_plugin_accepts_is_refused():
     options = SimulationOptions(model="qwen3-next-80b", plan_options={"mamba.prefill_states": 3})
     with pytest.raises(InvalidConfigError, match=r"must be one of 'every', 'selective', got 3"):
         simulate(load_workload(limit=5), options)
+
+
+# Half as much again as one request of 4,096 tokens needs (its InsufficientMemoryError
+# says how much): deepseek-v3 and llama-4-scout preempt at this size.
+MEMORY_MIB = {
+    "deepseek-v3": 412,
+    "gemma-3-27b": 3372,
+    "gpt-oss-20b": 288,
+    "jamba-v0.1": 781,
+    "llama-4-scout": 1152,
+    "nvfp4-hybrid-8b": 771,
+    "qwen3-next-80b": 630,
+}
+
+
+@pytest.mark.parametrize("model", sorted(MEMORY_MIB))
+@pytest.mark.parametrize("pool", ["shared", "two-level"])
+def test_blocks_per_group_derived_from_the_pool_equal_the_tables(model, pool, monkeypatch):
+    """A shared pool's largest group is counted as blocks in use minus the others.
+
+    That holds only if every block in use is in exactly one group's tables:
+    checked here at every sample, on every hybrid and with preemptions,
+    against the sets of every group's blocks.
+    """
+    import kvcore._sim.scheduler as scheduler_module
+
+    counted = scheduler_module.held_per_group
+    calls = []
+
+    def both(tables, used=None):
+        calls.append(used)
+        assert counted(tables, used) == counted(tables)
+        return counted(tables, used)
+
+    monkeypatch.setattr(scheduler_module, "held_per_group", both)
+    memory = f"{MEMORY_MIB[model]}MiB"
+    options = SimulationOptions(model=model, memory=memory, max_model_len=4096, pool=pool)
+    report = simulate(load_workload(limit=40, seed=5), options)
+    workload = report.workload
+    assert report.finished == workload.requests - workload.rejected_too_long > 20
+    assert len(calls) > report.blocks.samples > 300
+    assert all((used is None) == (pool == "two-level") for used in calls)
