@@ -353,9 +353,10 @@ class Scheduler:
         budget = step.budget
         manager_ns = 0
         only_decodes = True
-        index = 0
-        while index < len(running) and budget > 0:
-            entry = running[index]
+        # A preemption pops the list's tail: the loop then ends sooner.
+        for entry in running:
+            if budget <= 0:
+                break
             request = entry.request
             assert request is not None
             num_new = request.num_tokens - request.num_computed_tokens
@@ -375,7 +376,6 @@ class Scheduler:
                     break
             scheduled.append((entry, num_new))
             budget -= num_new
-            index += 1
         step.budget = budget
         step.manager_ns += manager_ns
         step.only_decodes = only_decodes
@@ -446,6 +446,7 @@ class Scheduler:
         finished: list[SimRequest] = []
         num_tokens = 0
         has_prefill = False
+        next_token = self._next_token
         for entry, num_new in step.scheduled:
             request = entry.request
             assert request is not None
@@ -456,11 +457,12 @@ class Scheduler:
             if computed < request.num_tokens:
                 continue  # a prefill chunk that does not reach the end yet
             if entry.num_output < entry.output_target:
-                request.append_output_token_ids(self._next_token)
-                self._next_token -= 1
+                request.append_output_token_ids(next_token)
+                next_token -= 1
                 entry.num_output += 1
             if entry.num_output >= entry.output_target:
                 finished.append(entry)
+        self._next_token = next_token
         step.num_tokens = num_tokens
         step.has_prefill = has_prefill
         if finished:
