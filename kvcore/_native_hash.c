@@ -58,6 +58,19 @@ exact_int64(PyObject *item, int64_t *value)
     long long v;
     if (!PyLong_CheckExact(item))
         return 0;
+    /* Most ids fit one digit: read them in place (the call below costs more
+     * than the hashing of an id). */
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)item)) {
+        *value = (int64_t)PyUnstable_Long_CompactValue((PyLongObject *)item);
+        return 1;
+    }
+#else
+    if (Py_SIZE(item) >= -1 && Py_SIZE(item) <= 1) {
+        *value = (int64_t)Py_SIZE(item) * (int64_t)((PyLongObject *)item)->ob_digit[0];
+        return 1;
+    }
+#endif
     v = PyLong_AsLongLongAndOverflow(item, &overflow);
     if (overflow != 0)
         return 0;

@@ -27,11 +27,13 @@ from kvcore._hashing import _NONE_HASH_FAST, NONE_HASH_SHA256
 from kvcore.hashing import BlockHasher
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-# 2**61 - 1 is the modulus of an int's hash, which the compiled "fast" chain computes.
+# 2**61 - 1 is the modulus of an int's hash, which the compiled "fast" chain computes;
+# ids within 2**30 (one CPython digit) are read in place, the others through the C API.
 MODULUS = 2**61 - 1
 EDGES = [
     *(INT64_MIN, INT64_MIN + 1, -1, -2, 0, 1, 255, 256, 2**31, 2**32, INT64_MAX - 1, INT64_MAX),
     *(MODULUS - 1, MODULUS, MODULUS + 1, -MODULUS, 2 * MODULUS + 3, 1546275796),
+    *(2**30 - 1, 2**30, -(2**30) + 1, -(2**30)),
 ]
 token_ids = st.one_of(st.integers(INT64_MIN, INT64_MAX), st.sampled_from(EDGES))
 REGISTRY = kvcore.load_registry(only=["full_attention"])
